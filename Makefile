@@ -1,0 +1,35 @@
+# Two commands for a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
+PORT ?= 8000
+
+.PHONY: run test install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+var/secret_key:
+	mkdir -p var
+	$(PYTHON) -c "import secrets; print(secrets.token_urlsafe(50))" > $@
+	chmod 600 $@
+
+## Install, migrate and start the whole system on the embedded defaults.
+run: $(STAMP) var/secret_key
+	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py migrate --no-input
+	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py collectstatic --no-input -v 0
+	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py serve --port $(PORT)
+
+## Run the whole test suite (SQLite by default; DATABASE_URL=postgres://... for PostgreSQL).
+test: $(STAMP)
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) staticfiles

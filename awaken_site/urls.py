@@ -1,0 +1,16 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from runs import views
+
+handler404 = "runs.api.errors.not_found"
+
+urlpatterns = [
+    path("", views.index, name="runs-index"),
+    path("healthz", views.healthz, name="healthz"),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+    path("api/", include("runs.api.urls")),
+]

@@ -1,0 +1,209 @@
+"""A read-mostly console: state changes only through actions that call the services."""
+
+import uuid
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.shortcuts import render
+
+from runs import services
+from runs.models import Attempt, ControlIntent, Event, ResumeTicket, Run, RunState, TicketState
+from runs.roles import is_operator
+from runs.services.errors import ServiceError
+
+SOURCE = "admin"
+
+
+def _apply(modeladmin, request, queryset, verb: str, call) -> None:
+    """Call the service for each selected run; count what it did and what it refused."""
+    done, unchanged, refused = 0, 0, []
+    for run_id in queryset.values_list("pk", flat=True):
+        try:
+            changed = call(run_id)
+        except ServiceError as error:
+            refused.append(f"{run_id}: {error.message}")
+            continue
+        if changed:
+            done += 1
+        else:
+            unchanged += 1
+    if done:
+        modeladmin.message_user(request, f"{verb}: {done} run(s).", messages.SUCCESS)
+    if unchanged:
+        modeladmin.message_user(request, f"{unchanged} run(s) had already ended; nothing changed.",
+                                messages.INFO)
+    for line in refused:
+        modeladmin.message_user(request, line, messages.WARNING)
+
+
+@admin.action(description="Cancel selected runs", permissions=["control"])
+def cancel_runs(modeladmin, request, queryset):
+    def call(run_id):
+        result = services.run_cancel(run_id=run_id, actor=request.user.get_username(),
+                                     source=SOURCE)
+        return result.path != "ended"
+
+    _apply(modeladmin, request, queryset, "Cancel requested", call)
+
+
+class StopForm(forms.Form):
+    reason = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 3}))
+
+
+@admin.action(description="Stop selected runs (asks for a reason)", permissions=["control"])
+def stop_runs(modeladmin, request, queryset):
+    form = StopForm(request.POST if "apply" in request.POST else None)
+    if form.is_valid():
+        def call(run_id):
+            result = services.run_stop(run_id=run_id, actor=request.user.get_username(),
+                                       source=SOURCE, reason=form.cleaned_data["reason"])
+            return result.path != "ended"
+
+        _apply(modeladmin, request, queryset, "Stop requested", call)
+        return None
+    return render(request, "admin/runs/stop_reason.html", {
+        **modeladmin.admin_site.each_context(request),
+        "title": "Stop runs",
+        "form": form,
+        "runs": queryset,
+        "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        "opts": modeladmin.model._meta,
+    })
+
+
+@admin.action(description="Resume selected awaiting runs", permissions=["control"])
+def resume_runs(modeladmin, request, queryset):
+    def call(run_id):
+        run = Run.objects.select_related("ticket").get(pk=run_id)
+        services.run_resume(run_id=run_id, ticket_id=run.ticket_id,
+                            actor=request.user.get_username(), source=SOURCE)
+        return True
+
+    _apply(modeladmin, request, queryset, "Resumed", call)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows are written by the services only."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_control_permission(self, request):
+        return is_operator(request.user)
+
+
+class EventInline(admin.TabularInline):
+    model = Event
+    fields = ["seq", "version", "kind", "state", "end_cause", "generation", "actor", "source",
+              "data", "at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ["seq"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+class AttemptInline(admin.TabularInline):
+    model = Attempt
+    fields = ["generation", "state", "close_reason", "owner", "lease_expires_at", "started_at",
+              "closed_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Run)
+class RunAdmin(ReadOnlyAdmin):
+    list_display = ["id", "agent", "state", "end_cause", "stop_code", "generation", "thread_id",
+                    "created_at"]
+    list_filter = ["state", "end_cause", "stop_code", "agent"]
+    search_fields = ["=id", "agent", "thread_id"]
+    list_select_related = ["ticket", "control"]
+    date_hierarchy = "created_at"
+    raw_id_fields = ["parent"]
+    actions = [cancel_runs, stop_runs, resume_runs]
+    inlines = [AttemptInline, EventInline]
+
+    def get_search_fields(self, request):
+        # "=id" compares as a UUID: a term that is not one must not make the page fail.
+        try:
+            uuid.UUID(request.GET.get("q", "").strip())
+        except ValueError:
+            return ["agent", "thread_id"]
+        return self.search_fields
+
+
+@admin.register(Attempt)
+class AttemptAdmin(ReadOnlyAdmin):
+    list_display = ["run", "generation", "state", "close_reason", "owner", "lease_expires_at",
+                    "started_at"]
+    list_filter = ["state", "close_reason"]
+    search_fields = ["owner", "=run__id"]
+    list_select_related = ["run"]
+    raw_id_fields = ["run"]
+
+
+@admin.action(description="Revoke selected open tickets (stops their runs)",
+              permissions=["control"])
+def revoke_tickets(modeladmin, request, queryset):
+    """An open ticket is the only thing that can wake its run: revoking it ends the run."""
+    def call(run_id):
+        result = services.run_stop(run_id=run_id, actor=request.user.get_username(),
+                                   source=SOURCE, reason="Resume ticket revoked by an operator.")
+        return result.path != "ended"
+
+    runs = Run.objects.filter(
+        pk__in=queryset.filter(state=TicketState.OPEN).values("run_id"), state=RunState.AWAITING
+    )
+    _apply(modeladmin, request, runs, "Ticket revoked, run stopped", call)
+
+
+@admin.action(description="Resume with selected open tickets", permissions=["control"])
+def resume_with_tickets(modeladmin, request, queryset):
+    def call(ticket_id):
+        ticket = ResumeTicket.objects.get(pk=ticket_id)
+        services.run_resume(run_id=ticket.run_id, ticket_id=ticket.pk,
+                            actor=request.user.get_username(), source=SOURCE)
+        return True
+
+    _apply(modeladmin, request, queryset, "Resumed", call)
+
+
+@admin.register(ResumeTicket)
+class ResumeTicketAdmin(ReadOnlyAdmin):
+    list_display = ["id", "run", "reason", "state", "generation", "created_at", "closed_at",
+                    "closed_by"]
+    list_filter = ["state", "reason"]
+    search_fields = ["=id", "=run__id"]
+    list_select_related = ["run"]
+    raw_id_fields = ["run"]
+    actions = [resume_with_tickets, revoke_tickets]
+
+
+@admin.register(ControlIntent)
+class ControlIntentAdmin(ReadOnlyAdmin):
+    list_display = ["run", "action", "reason", "requested_by", "source", "requested_at",
+                    "delivered_at", "applied_at"]
+    list_filter = ["action", "source"]
+    search_fields = ["=run__id", "requested_by", "reason"]
+    list_select_related = ["run"]
+    raw_id_fields = ["run"]
+
+
+@admin.register(Event)
+class EventAdmin(ReadOnlyAdmin):
+    list_display = ["seq", "run", "version", "kind", "state", "end_cause", "generation", "actor",
+                    "source", "at"]
+    list_filter = ["kind", "source"]
+    search_fields = ["=run__id", "actor"]
+    list_select_related = ["run"]
+    raw_id_fields = ["run"]

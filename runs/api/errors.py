@@ -1,0 +1,50 @@
+"""Every API error is ``{"code": str, "detail": str}`` with one status per code."""
+
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from runs.services import ServiceError
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, ServiceError):
+        body = {"code": exc.code, "detail": exc.message}
+        if exc.field:
+            body["errors"] = {exc.field: [exc.message]}
+        return Response(body, status=exc.status)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        response.data = {"code": "invalid", "detail": _first_message(exc.detail),
+                         "errors": exc.detail}
+    elif isinstance(exc, exceptions.APIException):
+        codes = exc.get_codes()
+        response.data = {"code": codes if isinstance(codes, str) else exc.default_code,
+                         "detail": str(exc.detail)}
+    return response
+
+
+def _first_message(detail, path="") -> str:
+    """A human sentence out of DRF's nested error structure: the first problem, located."""
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            where = path if key == "non_field_errors" else f"{path}.{key}" if path else str(key)
+            return _first_message(value, where)
+    if isinstance(detail, list) and detail:
+        return _first_message(detail[0], path)
+    return f"{path}: {detail}" if path else str(detail)
+
+
+def not_found(request, exception=None):
+    """JSON 404 for unknown URLs under /api/ (Django's HTML page elsewhere)."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"code": "not_found", "detail": "Not found."},
+                            status=status.HTTP_404_NOT_FOUND)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)

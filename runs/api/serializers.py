@@ -1,0 +1,138 @@
+"""The JSON shapes of API.md: one representation of a run and of an event, used by the REST
+API, the websocket snapshot and the broadcast alike."""
+
+from rest_framework import serializers
+
+from runs import agents
+from runs.models import Event, Run
+
+
+class TicketSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    reason = serializers.CharField()
+    prompt = serializers.JSONField(allow_null=True)
+    created_at = serializers.DateTimeField()
+
+
+class ControlSerializer(serializers.Serializer):
+    action = serializers.CharField()
+    reason = serializers.CharField(allow_null=True)
+    stop_code = serializers.CharField(allow_null=True)
+    requested_by = serializers.CharField()
+    source = serializers.CharField()
+    requested_at = serializers.DateTimeField()
+    delivered_at = serializers.DateTimeField(allow_null=True)
+    applied_at = serializers.DateTimeField(allow_null=True)
+
+
+class BudgetSerializer(serializers.Serializer):
+    max_steps = serializers.IntegerField(allow_null=True, required=False, min_value=1)
+    max_seconds = serializers.FloatField(allow_null=True, required=False, min_value=0.001)
+    max_tokens = serializers.IntegerField(allow_null=True, required=False, min_value=1)
+
+
+class UsageSerializer(serializers.Serializer):
+    steps = serializers.IntegerField()
+    tokens = serializers.IntegerField()
+    seconds = serializers.FloatField(source="seconds_used")
+
+
+class RunSerializer(serializers.ModelSerializer):
+    parent_id = serializers.UUIDField(allow_null=True)
+    ticket = TicketSerializer(allow_null=True)
+    control = ControlSerializer(allow_null=True)
+    budget = BudgetSerializer(source="*")
+    usage = UsageSerializer(source="*")
+    output = serializers.JSONField(allow_null=True)
+    input = serializers.JSONField()
+
+    class Meta:
+        model = Run
+        fields = [
+            "id", "agent", "input", "thread_id", "parent_id", "state", "end_cause",
+            "stop_code", "stop_reason", "error", "output", "generation", "ticket", "control",
+            "budget", "usage", "version", "start_after", "created_at", "started_at",
+            "ended_at", "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class EventSerializer(serializers.ModelSerializer):
+    run_id = serializers.UUIDField()
+
+    class Meta:
+        model = Event
+        fields = ["seq", "run_id", "version", "kind", "state", "end_cause", "generation",
+                  "actor", "source", "data", "at"]
+        read_only_fields = fields
+
+
+def change_message(*, run: Run, event: Event) -> dict:
+    """The ``run.changed`` message pushed for one committed event."""
+    return {
+        "type": "run.changed",
+        "seq": event.seq,
+        "event": EventSerializer(event).data,
+        "run": RunSerializer(run).data,
+    }
+
+
+# --- Requests -------------------------------------------------------------------------
+
+
+class RunCreateSerializer(serializers.Serializer):
+    agent = serializers.CharField(max_length=100, help_text=f"One of {sorted(agents.CATALOGUE)}.")
+    input = serializers.DictField(required=False, default=dict)
+    thread_id = serializers.CharField(required=False, max_length=200, allow_blank=False)
+    parent_id = serializers.UUIDField(required=False, allow_null=True)
+    budget = BudgetSerializer(required=False)
+    start_after = serializers.DateTimeField(required=False, allow_null=True)
+
+    def validate_start_after(self, value):
+        if value is not None and value.tzinfo is None:
+            raise serializers.ValidationError("start_after needs a UTC offset.")
+        return value
+
+    def validate(self, attrs):
+        unknown = set(self.initial_data) - set(self.fields)
+        if unknown:
+            raise serializers.ValidationError(f"Unknown fields: {', '.join(sorted(unknown))}.")
+        return attrs
+
+
+class CancelSerializer(serializers.Serializer):
+    reason = serializers.CharField(required=False, allow_null=True, allow_blank=True,
+                                   max_length=500)
+
+
+class StopSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=500, trim_whitespace=True)
+
+
+class ResumeSerializer(serializers.Serializer):
+    ticket = serializers.UUIDField()
+    input = serializers.JSONField(required=False, allow_null=True)
+
+
+class DeliverSerializer(serializers.Serializer):
+    command = serializers.ChoiceField(choices=["cancel", "pause", "wake"])
+
+
+class DeliveredSerializer(serializers.Serializer):
+    delivered = serializers.BooleanField()
+    generation = serializers.IntegerField()
+
+
+class ErrorSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    detail = serializers.CharField()
+
+
+class RunPageSerializer(serializers.Serializer):
+    results = RunSerializer(many=True)
+    next = serializers.URLField(allow_null=True)
+
+
+class EventPageSerializer(serializers.Serializer):
+    results = EventSerializer(many=True)
+

@@ -1,0 +1,17 @@
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from runs.api import views
+
+urlpatterns = [
+    path("runs/", views.RunListView.as_view(), name="runs-list"),
+    # <str:run_id>: an id that is not a UUID is a JSON 404, not Django's HTML page.
+    path("runs/<str:run_id>/", views.RunDetailView.as_view(), name="runs-detail"),
+    path("runs/<str:run_id>/events/", views.RunEventsView.as_view(), name="runs-events"),
+    path("runs/<str:run_id>/cancel/", views.RunCancelView.as_view(), name="runs-cancel"),
+    path("runs/<str:run_id>/stop/", views.RunStopView.as_view(), name="runs-stop"),
+    path("runs/<str:run_id>/resume/", views.RunResumeView.as_view(), name="runs-resume"),
+    path("events/", views.EventListView.as_view(), name="runs-events-all"),
+    path("schema/", SpectacularAPIView.as_view(), name="runs-schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="runs-schema"), name="runs-docs"),
+]

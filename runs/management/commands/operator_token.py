@@ -1,0 +1,35 @@
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+from rest_framework.authtoken.models import Token
+
+from runs.roles import ROLES
+
+
+class Command(BaseCommand):
+    help = "Print a user's API token alone on one line (with --create, make the user first)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("username")
+        parser.add_argument("--role", choices=ROLES, default=None,
+                            help="Give the user this role (operator or viewer).")
+        parser.add_argument("--create", action="store_true",
+                            help="Create the user (with an unusable password) if missing.")
+
+    @transaction.atomic
+    def handle(self, username, role, create, **options):
+        User = get_user_model()
+        user = User.objects.filter(username=username).first()
+        if user is None:
+            if not create:
+                raise CommandError(f"No user {username!r}; pass --create to make one.")
+            user = User(username=username)
+            user.set_unusable_password()
+            user.save()
+            role = role or "operator"
+        if role:
+            user.groups.remove(*Group.objects.filter(name__in=ROLES).exclude(name=role))
+            user.groups.add(Group.objects.get(name=role))
+        token, _ = Token.objects.get_or_create(user=user)
+        self.stdout.write(token.key)

@@ -1,0 +1,391 @@
+"""Runs, their attempts, resume tickets, control intents and the event log.
+
+Every invariant that can be stated over one row (or one table) is a named database
+constraint; the transitions that keep the cross-table ones true live in
+``runs.services`` and nowhere else.
+"""
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class RunState(models.TextChoices):
+    QUEUED = "queued", "Queued"  # waiting for a worker to claim it
+    RUNNING = "running", "Running"  # one live attempt holds the claim
+    AWAITING = "awaiting", "Awaiting"  # paused, holding an open resume ticket
+    ENDED = "ended", "Ended"  # absorbing; end_cause says why
+
+
+class EndCause(models.TextChoices):
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"  # an external request to end the work
+    STOPPED = "stopped", "Stopped"  # a host decision: operator halt or a budget
+
+
+class StopCode(models.TextChoices):
+    OPERATOR = "operator", "Operator"
+    MAX_STEPS = "max_steps", "Step budget"
+    MAX_SECONDS = "max_seconds", "Time budget"
+    MAX_TOKENS = "max_tokens", "Token budget"
+    POLICY = "policy", "Policy"
+
+
+class Source(models.TextChoices):
+    UI = "ui", "Browser"
+    API = "api", "REST API"
+    ADMIN = "admin", "Admin"
+    CLI = "cli", "Command line"
+    POLICY = "policy", "Policy"
+    WORKER = "worker", "Worker"
+
+
+LIVE_STATES = (RunState.QUEUED, RunState.RUNNING, RunState.AWAITING)
+
+
+class Run(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.CharField(max_length=100, help_text="Name of the agent in the catalogue.")
+    input = models.JSONField(default=dict, blank=True)
+    thread_id = models.CharField(max_length=200, help_text="Groups related runs.")
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+
+    state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.QUEUED)
+    end_cause = models.CharField(max_length=16, choices=EndCause.choices, null=True, blank=True)
+    stop_code = models.CharField(max_length=16, choices=StopCode.choices, null=True, blank=True)
+    stop_reason = models.TextField(null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+
+    generation = models.PositiveIntegerField(
+        default=0, help_text="Generation of the newest attempt; 0 until the first one starts."
+    )
+    ticket = models.OneToOneField(
+        "ResumeTicket",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The open resume ticket; set exactly while the run is awaiting.",
+    )
+    control = models.ForeignKey(
+        "ControlIntent",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The newest cancel or stop request, pending or applied.",
+    )
+
+    max_steps = models.PositiveIntegerField(null=True, blank=True)
+    max_seconds = models.FloatField(null=True, blank=True)
+    max_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    steps = models.PositiveIntegerField(default=0, help_text="Committed steps, all attempts.")
+    tokens = models.PositiveBigIntegerField(default=0, help_text="Tokens used, all attempts.")
+    seconds_used = models.FloatField(
+        default=0, help_text="Running time of closed attempts; awaiting time does not count."
+    )
+    agent_state = models.JSONField(
+        null=True, blank=True, help_text="The agent's state as of its last committed step."
+    )
+    crash_retries = models.PositiveSmallIntegerField(
+        default=0, help_text="Attempts lost with their worker and requeued."
+    )
+
+    version = models.PositiveIntegerField(default=0, help_text="Equals the run's event count.")
+    start_after = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    request_fingerprint = models.CharField(
+        max_length=64, blank=True, help_text="Hash of the create request, for key replays."
+    )
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=RunState.values), name="runs_run_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(state=RunState.ENDED, end_cause__in=EndCause.values, ended_at__isnull=False)
+                    | (
+                        ~Q(state=RunState.ENDED)
+                        & Q(end_cause__isnull=True, ended_at__isnull=True)
+                    )
+                ),
+                name="runs_run_end_cause_iff_ended",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(
+                        end_cause=EndCause.STOPPED,
+                        stop_code__in=StopCode.values,
+                        stop_reason__isnull=False,
+                    )
+                    | (
+                        ~Q(end_cause=EndCause.STOPPED)
+                        & Q(stop_code__isnull=True, stop_reason__isnull=True)
+                    )
+                ),
+                name="runs_run_stop_iff_stopped",
+            ),
+            # The open ticket pointer is what makes "a ticket only on an awaiting run" a
+            # database fact (runs.services.runs.run_pause / run_resume keep it in step).
+            models.CheckConstraint(
+                condition=(
+                    Q(state=RunState.AWAITING, ticket__isnull=False)
+                    | (~Q(state=RunState.AWAITING) & Q(ticket__isnull=True))
+                ),
+                name="runs_run_ticket_iff_awaiting",
+            ),
+            models.CheckConstraint(
+                condition=Q(error__isnull=True) | Q(end_cause=EndCause.FAILED),
+                name="runs_run_error_only_if_failed",
+            ),
+            # Create with Idempotency-Key looks the key up per user (runs.services.run_create).
+            models.UniqueConstraint(
+                fields=["created_by", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="runs_run_idempotency_key_unique",
+            ),
+        ]
+        indexes = [
+            # The run list: newest first, optionally by state (runs.selectors.run_list).
+            models.Index(fields=["-created_at", "-id"], name="runs_run_newest"),
+            models.Index(fields=["state", "-created_at"], name="runs_run_state_newest"),
+            models.Index(fields=["agent", "-created_at"], name="runs_run_agent_newest"),
+            models.Index(fields=["thread_id", "-created_at"], name="runs_run_thread_newest"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent} {self.id} ({self.status_label})"
+
+    @property
+    def is_ended(self) -> bool:
+        return self.state == RunState.ENDED
+
+    @property
+    def status_label(self) -> str:
+        """One word for people: the end cause once ended, otherwise the state."""
+        return self.end_cause if self.is_ended else self.state
+
+
+class AttemptState(models.TextChoices):
+    LIVE = "live", "Live"  # holds the run's claim and renews its lease
+    CLOSED = "closed", "Closed"  # released; close_reason says how
+
+
+class CloseReason(models.TextChoices):
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    STOPPED = "stopped", "Stopped"
+    PAUSED = "paused", "Paused"
+    LOST = "lost", "Lease lost"
+
+
+class Attempt(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    generation = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=AttemptState.choices, default=AttemptState.LIVE)
+    close_reason = models.CharField(
+        max_length=16, choices=CloseReason.choices, null=True, blank=True
+    )
+    owner = models.CharField(max_length=255, help_text="Worker hostname and pid.")
+    lease_expires_at = models.DateTimeField()
+    started_at = models.DateTimeField(auto_now_add=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "generation"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=AttemptState.values), name="runs_attempt_state_valid"
+            ),
+            models.UniqueConstraint(
+                fields=["run", "generation"], name="runs_attempt_generation_unique"
+            ),
+            # At most one attempt of a run is live (runs.services.attempts.attempt_start).
+            models.UniqueConstraint(
+                fields=["run"],
+                condition=Q(state=AttemptState.LIVE),
+                name="runs_attempt_one_live_per_run",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(state=AttemptState.CLOSED, closed_at__isnull=False, close_reason__isnull=False)
+                    | Q(state=AttemptState.LIVE, closed_at__isnull=True, close_reason__isnull=True)
+                ),
+                name="runs_attempt_closed_iff_reason",
+            ),
+        ]
+        indexes = [
+            # The lease sweeper scans live attempts by expiry.
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(state=AttemptState.LIVE),
+                name="runs_attempt_live_lease",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} gen {self.generation} ({self.state})"
+
+
+class TicketState(models.TextChoices):
+    OPEN = "open", "Open"  # the run is awaiting; this ticket can wake it
+    CONSUMED = "consumed", "Consumed"  # a resume used it
+    REVOKED = "revoked", "Revoked"  # a terminal transition or an operator withdrew it
+
+
+class TicketReason(models.TextChoices):
+    MANUAL_PAUSE = "manual_pause", "Manual pause"
+    APPROVAL = "approval", "Approval"
+    INPUT = "input", "Input"
+
+
+class ResumeTicket(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tickets")
+    generation = models.PositiveIntegerField(help_text="The attempt that paused.")
+    reason = models.CharField(max_length=16, choices=TicketReason.choices)
+    prompt = models.JSONField(null=True, blank=True, help_text="What the agent asked for.")
+    state = models.CharField(max_length=16, choices=TicketState.choices, default=TicketState.OPEN)
+    resume_input = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    closed_by = models.CharField(max_length=150, null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=TicketState.values), name="runs_ticket_state_valid"
+            ),
+            # At most one open ticket per run.
+            models.UniqueConstraint(
+                fields=["run"],
+                condition=Q(state=TicketState.OPEN),
+                name="runs_ticket_one_open_per_run",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(state=TicketState.OPEN, closed_at__isnull=True)
+                    | (~Q(state=TicketState.OPEN) & Q(closed_at__isnull=False))
+                ),
+                name="runs_ticket_closed_at_iff_closed",
+            ),
+            models.CheckConstraint(
+                condition=Q(resume_input__isnull=True) | Q(state=TicketState.CONSUMED),
+                name="runs_ticket_input_only_if_consumed",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"ticket {self.id} ({self.state})"
+
+
+class ControlAction(models.TextChoices):
+    CANCEL = "cancel", "Cancel"
+    STOP = "stop", "Stop"
+
+
+class ControlIntent(models.Model):
+    """A durable "cancel" or "stop(reason)" request, written before any signal is sent."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="intents")
+    action = models.CharField(max_length=16, choices=ControlAction.choices)
+    reason = models.TextField(null=True, blank=True)
+    stop_code = models.CharField(max_length=16, choices=StopCode.choices, null=True, blank=True)
+    requested_by = models.CharField(max_length=150, help_text="Username, or the policy's name.")
+    source = models.CharField(max_length=16, choices=Source.choices)
+    requested_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the owning attempt accepted the live signal."
+    )
+    applied_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the run's terminal state was committed."
+    )
+
+    class Meta:
+        ordering = ["-requested_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(action__in=ControlAction.values), name="runs_intent_action_valid"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(action=ControlAction.STOP, stop_code__in=StopCode.values, reason__isnull=False)
+                    | Q(action=ControlAction.CANCEL, stop_code__isnull=True)
+                ),
+                name="runs_intent_stop_has_code_and_reason",
+            ),
+            # One pending request per run: a second cancel or stop joins the first. Its index
+            # also serves the lookups of pending intents (attempt_heartbeat, the sweeper).
+            models.UniqueConstraint(
+                fields=["run"],
+                condition=Q(applied_at__isnull=True),
+                name="runs_intent_one_pending_per_run",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.run_id} by {self.requested_by}"
+
+
+class EventKind(models.TextChoices):
+    CREATED = "created", "Created"
+    STARTED = "started", "Started"
+    STEP = "step", "Step"
+    PAUSED = "paused", "Paused"
+    RESUMED = "resumed", "Resumed"
+    CANCEL_REQUESTED = "cancel_requested", "Cancel requested"
+    STOP_REQUESTED = "stop_requested", "Stop requested"
+    REQUEUED = "requeued", "Requeued"
+    ENDED = "ended", "Ended"
+
+
+class Event(models.Model):
+    """One committed transition, written in the transaction of the change it records."""
+
+    seq = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    version = models.PositiveIntegerField(help_text="The run's version after this event.")
+    kind = models.CharField(max_length=24, choices=EventKind.choices)
+    state = models.CharField(max_length=16, choices=RunState.choices)
+    end_cause = models.CharField(max_length=16, choices=EndCause.choices, null=True, blank=True)
+    generation = models.PositiveIntegerField()
+    actor = models.CharField(max_length=150, null=True, blank=True)
+    source = models.CharField(max_length=16, choices=Source.choices, null=True, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["seq"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kind__in=EventKind.values), name="runs_event_kind_valid"
+            ),
+            # Versions of a run are contiguous and never reused.
+            models.UniqueConstraint(fields=["run", "version"], name="runs_event_run_version_unique"),
+            # Exactly one terminal event per run.
+            models.UniqueConstraint(
+                fields=["run"], condition=Q(kind=EventKind.ENDED), name="runs_event_one_ended_per_run"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.kind} {self.run_id}"

@@ -1,0 +1,25 @@
+"""The two roles: viewers read, operators also control. Superusers are operators."""
+
+VIEWER = "viewer"
+OPERATOR = "operator"
+ROLES = (VIEWER, OPERATOR)
+
+
+def _groups(user) -> set[str]:
+    # Cached on the user object: one query per request at most.
+    if not hasattr(user, "_awaken_groups"):
+        user._awaken_groups = set(user.groups.values_list("name", flat=True))
+    return user._awaken_groups
+
+
+def is_operator(user) -> bool:
+    if not (user and user.is_authenticated and user.is_active):
+        return False
+    return user.is_superuser or OPERATOR in _groups(user)
+
+
+def is_viewer(user) -> bool:
+    """Anyone who may read runs: viewers and operators."""
+    if not (user and user.is_authenticated and user.is_active):
+        return False
+    return user.is_superuser or bool(_groups(user) & set(ROLES))

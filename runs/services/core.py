@@ -1,0 +1,179 @@
+"""The two primitives every transition is built from, and the finish boundary.
+
+* ``locked_run`` takes the run's row lock: transitions of one run are serialized by it,
+  which is also what orders a run's events (``version``).
+* ``record`` applies a change to the locked run, bumps ``version``, writes the event in
+  the same transaction and schedules the broadcast for after commit.
+* ``finish`` is the one function that commits a terminal state.
+"""
+
+from dataclasses import dataclass
+from functools import partial
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs import broadcast
+from runs.models import (
+    Attempt,
+    AttemptState,
+    CloseReason,
+    EndCause,
+    Event,
+    EventKind,
+    Run,
+    RunState,
+    StopCode,
+    TicketState,
+)
+from runs.services.errors import RunNotFound
+
+
+def locked_run(run_id) -> Run:
+    """The run, row-locked until the surrounding transaction ends.
+
+    Call inside ``transaction.atomic()``. The open ticket and the newest control intent come
+    along (not locked: they only change under this run's lock).
+    """
+    try:
+        return (
+            Run.objects.select_for_update(of=("self",))
+            .select_related("ticket", "control")
+            .get(pk=run_id)
+        )
+    except (Run.DoesNotExist, ValueError):
+        raise RunNotFound(f"No run with id {run_id}.") from None
+
+
+def record(
+    run: Run,
+    kind: str,
+    *,
+    fields: tuple[str, ...] = (),
+    actor: str | None = None,
+    source: str | None = None,
+    data: dict | None = None,
+) -> Event:
+    """Save ``fields`` of the locked ``run``, bump its version and write one event."""
+    run.version += 1
+    run.save(update_fields=[*fields, "version", "updated_at"])
+    event = Event.objects.create(
+        run=run,
+        version=run.version,
+        kind=kind,
+        state=run.state,
+        end_cause=run.end_cause,
+        generation=run.generation,
+        actor=actor,
+        source=source,
+        data=data or {},
+    )
+    transaction.on_commit(partial(broadcast.run_changed, run=run, event=event), robust=True)
+    return event
+
+
+@dataclass(frozen=True)
+class Ending:
+    """What a terminal commit says: the cause and its details."""
+
+    cause: str
+    output: object = None
+    error: str | None = None
+    stop_code: str | None = None
+    stop_reason: str | None = None
+
+    @classmethod
+    def completed(cls, output=None) -> "Ending":
+        return cls(EndCause.COMPLETED, output=output)
+
+    @classmethod
+    def failed(cls, error: str) -> "Ending":
+        return cls(EndCause.FAILED, error=error or "failed")
+
+    @classmethod
+    def cancelled(cls) -> "Ending":
+        return cls(EndCause.CANCELLED)
+
+    @classmethod
+    def stopped(cls, code: str, reason: str) -> "Ending":
+        return cls(EndCause.STOPPED, stop_code=code, stop_reason=reason)
+
+    @classmethod
+    def from_intent(cls, intent) -> "Ending":
+        if intent.action == "stop":
+            return cls.stopped(intent.stop_code or StopCode.OPERATOR, intent.reason or "stopped")
+        return cls.cancelled()
+
+
+def finish(
+    run: Run,
+    ending: Ending,
+    *,
+    generation: int | None = None,
+    actor: str | None = None,
+    source: str | None = None,
+) -> bool:
+    """The finish boundary: commit ``ending`` as the run's terminal state, or refuse.
+
+    ``run`` must be locked by the caller's transaction (``locked_run``). It is a
+    compare-and-set: it succeeds only if the run is not ended and, when ``generation`` is
+    given (an attempt finishing its own work), only if that attempt is still the run's live
+    one. The first terminal commit wins; a refused call writes nothing and the caller drops
+    its result. On success, in the same transaction:
+
+    1. the run moves to ``ended`` with the cause, its details and ``ended_at``;
+    2. the live attempt (if any) is closed and its running time added to the run;
+    3. the open ticket (if any) is revoked;
+    4. the pending control intent (if any) is marked applied;
+    5. exactly one ``ended`` event is written.
+    """
+    if run.state == RunState.ENDED:
+        return False
+    if generation is not None and (run.state != RunState.RUNNING or run.generation != generation):
+        return False
+
+    now = timezone.now()
+    fields = ["state", "end_cause", "ended_at"]
+    if run.state == RunState.RUNNING:
+        fields.append("seconds_used")
+        run.seconds_used += close_live_attempt(run, ending.cause, now=now)
+    if run.ticket is not None:
+        run.ticket.state = TicketState.REVOKED
+        run.ticket.closed_at = now
+        run.ticket.closed_by = actor
+        run.ticket.save(update_fields=["state", "closed_at", "closed_by"])
+        run.ticket = None
+        fields.append("ticket")
+    if run.control is not None and run.control.applied_at is None:
+        run.control.applied_at = now
+        run.control.save(update_fields=["applied_at"])
+
+    run.state = RunState.ENDED
+    run.end_cause = ending.cause
+    run.ended_at = now
+    data = {"cause": ending.cause}
+    if ending.cause == EndCause.COMPLETED:
+        run.output = ending.output
+        fields.append("output")
+    elif ending.cause == EndCause.FAILED:
+        run.error = data["error"] = ending.error
+        fields.append("error")
+    elif ending.cause == EndCause.STOPPED:
+        run.stop_code = data["stop_code"] = ending.stop_code
+        run.stop_reason = data["stop_reason"] = ending.stop_reason
+        fields += ["stop_code", "stop_reason"]
+    record(run, EventKind.ENDED, fields=tuple(fields), actor=actor, source=source, data=data)
+    return True
+
+
+def close_live_attempt(run: Run, reason: str, *, now) -> float:
+    """Close the run's live attempt; returns the seconds it ran (0 if there was none)."""
+    attempt = (
+        Attempt.objects.filter(run=run, state=AttemptState.LIVE).only("id", "started_at").first()
+    )
+    if attempt is None:
+        return 0.0
+    Attempt.objects.filter(pk=attempt.pk).update(
+        state=AttemptState.CLOSED, close_reason=CloseReason(reason), closed_at=now
+    )
+    return max(0.0, (now - attempt.started_at).total_seconds())

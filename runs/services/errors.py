@@ -1,0 +1,55 @@
+"""Domain errors raised by the services; the API maps each to one status and code."""
+
+
+class ServiceError(Exception):
+    """Base class: a request the committed state does not allow. Nothing was changed."""
+
+    code = "conflict"
+    status = 409
+
+    def __init__(self, message: str, *, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InvalidRequest(ServiceError):
+    """The request names something that does not exist or breaks a rule (unknown agent...)."""
+
+    code = "invalid"
+    status = 400
+
+
+class RunNotFound(ServiceError):
+    code = "not_found"
+    status = 404
+
+
+class IdempotencyConflict(ServiceError):
+    """The Idempotency-Key was used before with a different request."""
+
+    code = "idempotency_conflict"
+
+
+class NotAwaiting(ServiceError):
+    """Resume of a run that is not awaiting (including an ended one): fail closed."""
+
+    code = "not_awaiting"
+
+
+class TicketMismatch(ServiceError):
+    """Resume with a ticket that is not the run's open ticket."""
+
+    code = "ticket_mismatch"
+
+
+class NotActive(ServiceError):
+    """A live command for a run with no live attempt of that generation."""
+
+    code = "not_active"
+
+
+class Fenced(ServiceError):
+    """An attempt whose generation or lease is no longer current; it may commit nothing."""
+
+    code = "fenced"

@@ -1,0 +1,229 @@
+"""Transitions requested from outside a worker: create, cancel, stop, resume."""
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from runs import agents
+from runs.models import (
+    ControlAction,
+    ControlIntent,
+    EventKind,
+    Run,
+    RunState,
+    StopCode,
+    TicketState,
+)
+from runs.services.core import Ending, finish, locked_run, record
+from runs.services.errors import (
+    IdempotencyConflict,
+    InvalidRequest,
+    NotAwaiting,
+    TicketMismatch,
+)
+
+BUDGET_KEYS = ("max_steps", "max_seconds", "max_tokens")
+MAX_REASON_LENGTH = 500
+
+
+def run_create(
+    *,
+    agent: str,
+    input: dict | None = None,
+    thread_id: str | None = None,
+    parent_id=None,
+    budget: dict | None = None,
+    start_after: datetime | None = None,
+    created_by=None,
+    idempotency_key: str | None = None,
+    source: str = "api",
+) -> tuple[Run, bool]:
+    """Create a queued run. Returns ``(run, created)``.
+
+    With an ``idempotency_key`` the same user replaying the same request gets the run the
+    first call created (``created`` is False); a different request under the same key is an
+    ``IdempotencyConflict``. The insert itself is the check (runs_run_idempotency_key_unique).
+    """
+    input = {} if input is None else input
+    budget = _clean_budget(budget or {})
+    if agent not in agents.CATALOGUE:
+        raise InvalidRequest(f"Unknown agent {agent!r}.", field="agent")
+    if not isinstance(input, dict):
+        raise InvalidRequest("input must be a JSON object.", field="input")
+    parent = None
+    if parent_id is not None:
+        parent = Run.objects.filter(pk=parent_id).only("id", "thread_id").first()
+        if parent is None:
+            raise InvalidRequest(f"No parent run with id {parent_id}.", field="parent_id")
+    fingerprint = _fingerprint(agent, input, thread_id, parent_id, budget, start_after)
+
+    run = Run(
+        agent=agent,
+        input=input,
+        parent=parent,
+        start_after=start_after,
+        created_by=created_by,
+        idempotency_key=idempotency_key,
+        request_fingerprint=fingerprint,
+        **budget,
+    )
+    run.thread_id = thread_id or (parent.thread_id if parent else str(run.id))
+    try:
+        with transaction.atomic():
+            run.save(force_insert=True)
+            record(run, EventKind.CREATED, actor=_name(created_by), source=source,
+                   data={"agent": agent})
+            transaction.on_commit(_dispatch_later(run), robust=True)
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = Run.objects.filter(created_by=created_by, idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        run = existing
+    else:
+        return run, True
+    if run.request_fingerprint != fingerprint:
+        raise IdempotencyConflict(
+            "This Idempotency-Key was already used with a different request."
+        )
+    return run, False
+
+
+def _dispatch_later(run: Run):
+    from runs import dispatch
+
+    return lambda: dispatch.run_queued(run_id=run.id, start_after=run.start_after)
+
+
+def _clean_budget(budget: dict) -> dict:
+    unknown = set(budget) - set(BUDGET_KEYS)
+    if unknown:
+        raise InvalidRequest(f"Unknown budget keys: {', '.join(sorted(unknown))}.", field="budget")
+    clean = {}
+    for key in BUDGET_KEYS:
+        value = budget.get(key)
+        if value is None:
+            continue
+        integral = key != "max_seconds"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            integral and not isinstance(value, int)
+        ):
+            kind = "a whole number" if integral else "a number"
+            raise InvalidRequest(f"budget.{key} must be {kind}.", field="budget")
+        if value <= 0:
+            raise InvalidRequest(f"budget.{key} must be greater than 0.", field="budget")
+        clean[key] = value
+    return clean
+
+
+def _fingerprint(*parts) -> str:
+    text = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _name(user) -> str | None:
+    return user.get_username() if user is not None else None
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    """The answer to a cancel or stop request."""
+
+    run: Run
+    path: str  # "ended": nothing to do; "durable": committed now; "live": intent pending
+    intent: ControlIntent | None = None
+
+
+def run_cancel(*, run_id, actor: str, source: str, reason: str | None = None) -> ControlResult:
+    """Cancel a run: an external request to end its work."""
+    return _request_end(run_id=run_id, action=ControlAction.CANCEL, reason=_clean_reason(reason),
+                        stop_code=None, actor=actor, source=source)
+
+
+def run_stop(
+    *, run_id, actor: str, source: str, reason: str, code: str = StopCode.OPERATOR
+) -> ControlResult:
+    """Stop a run: a host decision (an operator's halt or a policy), with a reason."""
+    reason = _clean_reason(reason)
+    if not reason:
+        raise InvalidRequest("A stop needs a reason.", field="reason")
+    if code not in StopCode.values:
+        raise InvalidRequest(f"Unknown stop code {code!r}.", field="code")
+    return _request_end(run_id=run_id, action=ControlAction.STOP, reason=reason,
+                        stop_code=code, actor=actor, source=source)
+
+
+def _clean_reason(reason: str | None) -> str | None:
+    reason = (reason or "").strip() or None
+    if reason is not None and len(reason) > MAX_REASON_LENGTH:
+        raise InvalidRequest(f"The reason is longer than {MAX_REASON_LENGTH} characters.",
+                             field="reason")
+    return reason
+
+
+def _request_end(*, run_id, action, reason, stop_code, actor, source) -> ControlResult:
+    """Cancel and stop share one routing (SPEC §2):
+
+    1. ended: nothing to do, the committed terminal state is the answer;
+    2. queued or awaiting: the durable path, the intent and the terminal state in one
+       transaction (the ticket is revoked by the finish boundary);
+    3. running: the intent is written first; live delivery only shortens the wait. A
+       second request while one is pending joins it rather than adding another.
+    """
+    with transaction.atomic():
+        run = locked_run(run_id)
+        if run.state == RunState.ENDED:
+            return ControlResult(run, "ended")
+        pending = run.control if run.control and run.control.applied_at is None else None
+        if pending is not None:
+            return ControlResult(run, "live", pending)
+        intent = ControlIntent.objects.create(
+            run=run, action=action, reason=reason, stop_code=stop_code,
+            requested_by=actor, source=source,
+        )
+        run.control = intent
+        kind = EventKind.STOP_REQUESTED if action == ControlAction.STOP else EventKind.CANCEL_REQUESTED
+        record(run, kind, fields=("control",), actor=actor, source=source,
+               data={"reason": reason} if reason else {})
+        if run.state == RunState.RUNNING:
+            transaction.on_commit(_deliver_later(run, intent), robust=True)
+            return ControlResult(run, "live", intent)
+        finish(run, Ending.from_intent(intent), actor=actor, source=source)
+        return ControlResult(run, "durable", intent)
+
+
+def _deliver_later(run: Run, intent: ControlIntent):
+    from runs import dispatch
+
+    return lambda: dispatch.intent_recorded(run_id=run.id, intent_id=intent.pk)
+
+
+def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run:
+    """Wake an awaiting run with its open ticket: consume it and queue a new attempt.
+
+    Fails closed: a run that is not awaiting (an ended one included) raises NotAwaiting,
+    another ticket raises TicketMismatch; neither changes anything.
+    """
+    with transaction.atomic():
+        run = locked_run(run_id)
+        if run.state != RunState.AWAITING:
+            raise NotAwaiting(f"Run {run.id} is {run.status_label}, not awaiting.")
+        ticket = run.ticket
+        if str(ticket.pk) != str(ticket_id):
+            raise TicketMismatch(f"Ticket {ticket_id} is not the open ticket of run {run.id}.")
+        ticket.state = TicketState.CONSUMED
+        ticket.resume_input = input
+        ticket.closed_at = timezone.now()
+        ticket.closed_by = actor
+        ticket.save(update_fields=["state", "resume_input", "closed_at", "closed_by"])
+        run.ticket = None
+        run.state = RunState.QUEUED
+        record(run, EventKind.RESUMED, fields=("ticket", "state"), actor=actor, source=source,
+               data={"ticket": str(ticket.pk)})
+        transaction.on_commit(_dispatch_later(run), robust=True)
+    return run

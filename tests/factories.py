@@ -1,0 +1,23 @@
+"""Put runs into a given state through the services, as production does."""
+
+from runs import services
+from runs.models import Run
+
+OWNER = "test-worker:1"
+
+
+def queued_run(agent: str = "demo.steps", **kwargs) -> Run:
+    run, _ = services.run_create(agent=agent, **kwargs)
+    return run
+
+
+def running_run(**kwargs) -> tuple[Run, int]:
+    run = queued_run(**kwargs)
+    attempt = services.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=30)
+    return Run.objects.get(pk=run.id), attempt.generation
+
+
+def awaiting_run(**kwargs) -> tuple[Run, str]:
+    run, generation = running_run(**kwargs)
+    ticket = services.attempt_pause(run_id=run.id, generation=generation)
+    return Run.objects.get(pk=run.id), str(ticket.pk)

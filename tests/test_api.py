@@ -1,0 +1,237 @@
+"""The REST contract of API.md: shapes, status codes, error codes, who may do what."""
+
+import uuid
+
+import pytest
+import yaml
+
+from runs import services
+from runs.models import Run
+from tests.conftest import client_for, db_state
+from tests.factories import awaiting_run, queued_run, running_run
+
+pytestmark = pytest.mark.django_db
+
+RUN_KEYS = {
+    "id", "agent", "input", "thread_id", "parent_id", "state", "end_cause", "stop_code",
+    "stop_reason", "error", "output", "generation", "ticket", "control", "budget", "usage",
+    "version", "created_at", "started_at", "ended_at", "updated_at",
+}
+
+
+def test_create_returns_the_run(op_client):
+    response = op_client.post("/api/runs/", {"agent": "demo.steps", "input": {"steps": 2},
+                                             "budget": {"max_steps": 5}}, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert RUN_KEYS <= set(body)
+    assert body["state"] == "queued" and body["generation"] == 0 and body["version"] == 1
+    assert body["budget"] == {"max_steps": 5, "max_seconds": None, "max_tokens": None}
+    assert body["usage"]["steps"] == 0
+    assert Run.objects.get(pk=body["id"]).created_by.username == "olga"
+
+
+def test_create_with_an_idempotency_key_replays(op_client):
+    payload = {"agent": "demo.steps"}
+    first = op_client.post("/api/runs/", payload, format="json", HTTP_IDEMPOTENCY_KEY="abc")
+    again = op_client.post("/api/runs/", payload, format="json", HTTP_IDEMPOTENCY_KEY="abc")
+    other = op_client.post("/api/runs/", {"agent": "demo.fail"}, format="json",
+                           HTTP_IDEMPOTENCY_KEY="abc")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+    assert other.status_code == 409 and other.json()["code"] == "idempotency_conflict"
+
+
+def test_list_filters_and_pages_newest_first(op_client):
+    runs = [queued_run(agent="demo.steps", thread_id="t") for _ in range(5)]
+    services.run_cancel(run_id=runs[0].id, actor="olga", source="api")
+    body = op_client.get("/api/runs/?limit=2").json()
+    assert [r["id"] for r in body["results"]] == [str(runs[4].id), str(runs[3].id)]
+    seen = [r["id"] for r in body["results"]]
+    while body["next"]:
+        body = op_client.get(body["next"]).json()
+        seen += [r["id"] for r in body["results"]]
+    assert seen == [str(r.id) for r in reversed(runs)]
+    ended = op_client.get("/api/runs/?state=ended&end_cause=cancelled").json()["results"]
+    assert [r["id"] for r in ended] == [str(runs[0].id)]
+    assert len(op_client.get("/api/runs/?thread_id=t&agent=demo.steps").json()["results"]) == 5
+
+
+def test_detail_and_events(viewer_client):
+    run = queued_run()
+    services.run_cancel(run_id=run.id, actor="olga", source="api", reason="why not")
+    detail = viewer_client.get(f"/api/runs/{run.id}/").json()
+    assert detail["end_cause"] == "cancelled" and detail["version"] == 3
+    assert detail["control"]["action"] == "cancel"
+    assert detail["control"]["requested_by"] == "olga"
+    assert detail["control"]["applied_at"] is not None
+    events = viewer_client.get(f"/api/runs/{run.id}/events/").json()["results"]
+    assert [e["kind"] for e in events] == ["created", "cancel_requested", "ended"]
+    assert {"seq", "run_id", "kind", "state", "end_cause", "generation", "actor", "source",
+            "data", "at"} <= set(events[0])
+    after = viewer_client.get(f"/api/runs/{run.id}/events/?after={events[0]['seq']}").json()
+    assert [e["kind"] for e in after["results"]] == ["cancel_requested", "ended"]
+
+
+def test_global_event_feed_pages_in_seq_order(viewer_client):
+    for _ in range(3):
+        queued_run()
+    first = viewer_client.get("/api/events/?limit=2").json()["results"]
+    rest = viewer_client.get(f"/api/events/?after={first[-1]['seq']}").json()["results"]
+    seqs = [e["seq"] for e in first + rest]
+    assert seqs == sorted(seqs) and len(seqs) == 3
+
+
+def test_cancel_of_a_queued_run_answers_200_ended(op_client):
+    run = queued_run()
+    response = op_client.post(f"/api/runs/{run.id}/cancel/", {}, format="json")
+    assert response.status_code == 200
+    assert response.json()["end_cause"] == "cancelled"
+    assert response.json()["control"]["source"] == "api"
+
+
+def test_cancel_of_a_running_run_answers_202_with_the_intent(op_client):
+    run, _ = running_run()
+    response = op_client.post(f"/api/runs/{run.id}/cancel/?wait=0", {}, format="json")
+    assert response.status_code == 202
+    body = response.json()
+    assert body["state"] == "running"
+    assert body["control"]["action"] == "cancel" and body["control"]["applied_at"] is None
+
+
+def test_stop_answers_with_the_reason(op_client):
+    run = queued_run()
+    response = op_client.post(f"/api/runs/{run.id}/stop/", {"reason": "over budget"},
+                              format="json")
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["end_cause"], body["stop_code"], body["stop_reason"]) == (
+        "stopped", "operator", "over budget")
+
+
+def test_cancel_of_an_ended_run_returns_the_committed_state(op_client):
+    run = queued_run()
+    op_client.post(f"/api/runs/{run.id}/stop/", {"reason": "first"}, format="json")
+    before = db_state()
+    response = op_client.post(f"/api/runs/{run.id}/cancel/", {}, format="json")
+    assert response.status_code == 200
+    assert response.json()["end_cause"] == "stopped"
+    assert db_state() == before
+
+
+def test_resume_wakes_an_awaiting_run(op_client):
+    run, ticket_id = awaiting_run()
+    response = op_client.post(f"/api/runs/{run.id}/resume/",
+                              {"ticket": ticket_id, "input": {"approved": True}}, format="json")
+    assert response.status_code == 200
+    assert response.json()["state"] == "queued" and response.json()["ticket"] is None
+
+
+def test_session_auth_records_source_ui_and_needs_csrf(operator):
+    from django.test import Client
+
+    run = queued_run()
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(operator)
+    refused = browser.post(f"/api/runs/{run.id}/cancel/", {}, content_type="application/json")
+    assert refused.status_code == 403
+    browser.get("/accounts/login/")
+    token = browser.cookies["csrftoken"].value
+    response = browser.post(f"/api/runs/{run.id}/cancel/", {}, content_type="application/json",
+                            HTTP_X_CSRFTOKEN=token)
+    assert response.status_code == 200
+    assert response.json()["control"]["source"] == "ui"
+
+
+def test_schema_is_served_to_users(viewer_client):
+    response = viewer_client.get("/api/schema/")
+    assert response.status_code == 200
+    assert "/api/runs/{run_id}/cancel/" in yaml.safe_load(response.content)["paths"]
+    assert viewer_client.get("/api/docs/").status_code == 200
+
+
+# --- every error path: the documented code, never a 500, nothing changed --------------------
+
+
+@pytest.fixture
+def some_runs(db):
+    queued = queued_run()
+    awaiting, _ = awaiting_run()
+    return {"queued": queued, "awaiting": awaiting}
+
+
+def error_cases(runs):
+    q, a = runs["queued"].id, runs["awaiting"].id
+    unknown = uuid.uuid4()
+    return [
+        ("op", "get", f"/api/runs/{unknown}/", None, 404, "not_found"),
+        ("op", "get", "/api/runs/not-a-uuid/", None, 404, "not_found"),
+        ("op", "post", "/api/runs/not-a-uuid/cancel/", {}, 404, "not_found"),
+        ("op", "post", f"/api/runs/{unknown}/cancel/", {}, 404, "not_found"),
+        ("op", "get", f"/api/runs/{unknown}/events/", None, 404, "not_found"),
+        ("op", "get", "/api/nothing-here/", None, 404, "not_found"),
+        ("op", "post", "/api/runs/", "{not json", 400, "parse_error"),
+        ("op", "post", "/api/runs/", {"agent": "no.such.agent"}, 400, "invalid"),
+        ("op", "post", "/api/runs/", {"input": {}}, 400, "invalid"),
+        ("op", "post", "/api/runs/", {"agent": "demo.steps", "input": "text"}, 400, "invalid"),
+        ("op", "post", "/api/runs/", {"agent": "demo.steps", "budget": {"max_steps": -1}},
+         400, "invalid"),
+        ("op", "post", "/api/runs/", {"agent": "demo.steps", "budget": "lots"}, 400, "invalid"),
+        ("op", "post", "/api/runs/", {"agent": "demo.steps", "start_after": "tomorrow"},
+         400, "invalid"),
+        ("op", "post", "/api/runs/", {"agent": "demo.steps", "colour": "red"}, 400, "invalid"),
+        ("op", "post", "/api/runs/", [1, 2], 400, "invalid"),
+        ("op", "post", f"/api/runs/{q}/stop/", {}, 400, "invalid"),
+        ("op", "post", f"/api/runs/{q}/stop/", {"reason": ""}, 400, "invalid"),
+        ("op", "post", f"/api/runs/{q}/stop/", {"reason": "x" * 501}, 400, "invalid"),
+        ("op", "post", f"/api/runs/{q}/cancel/", {"reason": "x" * 501}, 400, "invalid"),
+        ("op", "post", f"/api/runs/{q}/cancel/?wait=31", {}, 400, "invalid"),
+        ("op", "post", f"/api/runs/{q}/cancel/?wait=soon", {}, 400, "invalid"),
+        ("op", "post", f"/api/runs/{q}/cancel/", "{", 400, "parse_error"),
+        ("op", "get", "/api/runs/?state=bogus", None, 400, "invalid"),
+        ("op", "get", "/api/runs/?limit=0", None, 400, "invalid"),
+        ("op", "get", "/api/runs/?cursor=%%%", None, 400, "invalid"),
+        ("op", "get", "/api/events/?after=-1", None, 400, "invalid"),
+        ("op", "get", "/api/events/?limit=1001", None, 400, "invalid"),
+        ("op", "post", f"/api/runs/{q}/resume/", {"ticket": str(unknown)}, 409, "not_awaiting"),
+        ("op", "post", f"/api/runs/{a}/resume/", {"ticket": str(unknown)}, 409,
+         "ticket_mismatch"),
+        ("op", "post", f"/api/runs/{a}/resume/", {"ticket": "nope"}, 400, "invalid"),
+        ("viewer", "post", "/api/runs/", {"agent": "demo.steps"}, 403, "permission_denied"),
+        ("viewer", "post", f"/api/runs/{q}/cancel/", {}, 403, "permission_denied"),
+        ("viewer", "post", f"/api/runs/{q}/stop/", {"reason": "r"}, 403, "permission_denied"),
+        ("viewer", "post", f"/api/runs/{a}/resume/", {"ticket": str(unknown)}, 403,
+         "permission_denied"),
+        ("stranger", "get", "/api/runs/", None, 403, "permission_denied"),
+        ("anon", "get", "/api/runs/", None, 401, "not_authenticated"),
+        ("anon", "get", f"/api/runs/{q}/", None, 401, "not_authenticated"),
+        ("anon", "get", "/api/events/", None, 401, "not_authenticated"),
+        ("anon", "get", "/api/schema/", None, 401, "not_authenticated"),
+        ("anon", "post", f"/api/runs/{q}/cancel/", {}, 401, "not_authenticated"),
+        ("anon", "post", "/api/runs/", {"agent": "demo.steps"}, 401, "not_authenticated"),
+        ("bad-token", "get", "/api/runs/", None, 401, "authentication_failed"),
+    ]
+
+
+def test_every_error_path_has_its_code_and_changes_nothing(some_runs, operator, viewer, stranger):
+    from rest_framework.test import APIClient
+
+    bad = APIClient()
+    bad.credentials(HTTP_AUTHORIZATION="Token not-a-real-token")
+    clients = {"op": client_for(operator), "viewer": client_for(viewer),
+               "stranger": client_for(stranger), "anon": APIClient(), "bad-token": bad}
+    for who, method, url, payload, status, code in error_cases(some_runs):
+        before = db_state()
+        client = clients[who]
+        if isinstance(payload, str):
+            response = client.generic(method.upper(), url, payload,
+                                      content_type="application/json")
+        else:
+            response = getattr(client, method)(url, payload, format="json")
+        where = f"{who} {method.upper()} {url} {payload!r}"
+        assert response.status_code == status, f"{where}: {response.content[:300]}"
+        # The schema endpoint answers in its own (YAML) format, errors included.
+        body = yaml.safe_load(response.content) if "schema" in url else response.json()
+        assert body["code"] == code, f"{where}: {body}"
+        assert isinstance(body["detail"], str) and body["detail"], where
+        assert db_state() == before, where

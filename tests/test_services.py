@@ -1,0 +1,302 @@
+"""The transitions of SPEC §2 and the finish boundary of §3, one service call at a time."""
+
+from unittest import mock
+
+import pytest
+
+from runs import services
+from runs.models import (
+    Attempt,
+    AttemptState,
+    CloseReason,
+    ControlIntent,
+    Event,
+    EventKind,
+    ResumeTicket,
+    Run,
+    RunState,
+    TicketState,
+)
+from runs.services import Ending
+from tests.conftest import db_state
+from tests.factories import OWNER, awaiting_run, queued_run, running_run
+
+pytestmark = pytest.mark.django_db
+
+
+def kinds(run) -> list[str]:
+    return list(Event.objects.filter(run_id=run.id).order_by("seq").values_list("kind", flat=True))
+
+
+def assert_versions_contiguous(run):
+    run.refresh_from_db()
+    versions = list(Event.objects.filter(run=run).order_by("seq").values_list("version", flat=True))
+    assert versions == list(range(1, run.version + 1))
+
+
+# --- create ---------------------------------------------------------------------------
+
+
+def test_create_queues_the_run_with_one_created_event():
+    run = queued_run(input={"steps": 2}, budget={"max_steps": 3})
+    assert run.state == RunState.QUEUED
+    assert run.generation == 0 and run.version == 1
+    assert run.thread_id == str(run.id)
+    assert run.max_steps == 3
+    assert kinds(run) == ["created"]
+
+
+def test_child_runs_share_their_parents_thread():
+    parent = queued_run(thread_id="t-1")
+    child = queued_run(parent_id=parent.id)
+    assert child.thread_id == "t-1" and child.parent_id == parent.id
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"agent": "nope"}, "agent"),
+    ({"agent": "demo.steps", "input": [1]}, "input"),
+    ({"agent": "demo.steps", "budget": {"max_steps": 0}}, "budget"),
+    ({"agent": "demo.steps", "budget": {"max_steps": 1.5}}, "budget"),
+    ({"agent": "demo.steps", "budget": {"max_seconds": True}}, "budget"),
+    ({"agent": "demo.steps", "budget": {"max_money": 3}}, "budget"),
+    ({"agent": "demo.steps", "parent_id": "00000000-0000-0000-0000-000000000000"}, "parent_id"),
+])
+def test_create_rejects_bad_requests_and_writes_nothing(kwargs, field):
+    before = db_state()
+    with pytest.raises(services.InvalidRequest) as caught:
+        services.run_create(**kwargs)
+    assert caught.value.field == field
+    assert db_state() == before
+
+
+def test_idempotency_key_replay_returns_the_first_run(operator):
+    first, created = services.run_create(agent="demo.steps", created_by=operator,
+                                         idempotency_key="k1")
+    again, created_again = services.run_create(agent="demo.steps", created_by=operator,
+                                               idempotency_key="k1")
+    assert created and not created_again
+    assert again.id == first.id
+    assert Run.objects.count() == 1
+
+
+def test_idempotency_key_reused_with_another_request_conflicts(operator):
+    services.run_create(agent="demo.steps", created_by=operator, idempotency_key="k1")
+    with pytest.raises(services.IdempotencyConflict):
+        services.run_create(agent="demo.fail", created_by=operator, idempotency_key="k1")
+    assert Run.objects.count() == 1
+
+
+def test_idempotency_keys_are_per_user(operator, viewer):
+    a, _ = services.run_create(agent="demo.steps", created_by=operator, idempotency_key="k")
+    b, _ = services.run_create(agent="demo.steps", created_by=viewer, idempotency_key="k")
+    assert a.id != b.id
+
+
+# --- the durable path ------------------------------------------------------------------
+
+
+def test_cancel_of_a_queued_run_commits_cancelled_at_once():
+    run = queued_run()
+    result = services.run_cancel(run_id=run.id, actor="olga", source="api", reason="not needed")
+    assert result.path == "durable"
+    run.refresh_from_db()
+    assert (run.state, run.end_cause) == (RunState.ENDED, "cancelled")
+    assert kinds(run) == ["created", "cancel_requested", "ended"]
+    intent = ControlIntent.objects.get(run=run)
+    assert intent.applied_at is not None and intent.requested_by == "olga"
+    assert run.control_id == intent.pk
+    assert_versions_contiguous(run)
+
+
+def test_stop_of_an_awaiting_run_revokes_its_ticket():
+    run, ticket_id = awaiting_run()
+    result = services.run_stop(run_id=run.id, actor="olga", source="ui", reason="budget spent")
+    assert result.path == "durable"
+    run.refresh_from_db()
+    assert (run.state, run.end_cause, run.stop_code, run.stop_reason) == (
+        RunState.ENDED, "stopped", "operator", "budget spent")
+    assert run.ticket_id is None
+    assert ResumeTicket.objects.get(pk=ticket_id).state == TicketState.REVOKED
+    ended = Event.objects.get(run=run, kind=EventKind.ENDED)
+    assert ended.data["stop_reason"] == "budget spent" and ended.source == "ui"
+
+
+def test_cancel_and_stop_of_an_ended_run_return_it_unchanged():
+    run = queued_run()
+    services.run_cancel(run_id=run.id, actor="olga", source="api")
+    before = db_state()
+    assert services.run_cancel(run_id=run.id, actor="x", source="api").path == "ended"
+    assert services.run_stop(run_id=run.id, actor="x", source="api", reason="r").path == "ended"
+    assert db_state() == before
+
+
+@pytest.mark.parametrize("reason", ["", "   ", None, "x" * 501])
+def test_stop_needs_a_reason_of_at_most_500_characters(reason):
+    run = queued_run()
+    before = db_state()
+    with pytest.raises(services.InvalidRequest):
+        services.run_stop(run_id=run.id, actor="olga", source="api", reason=reason)
+    assert db_state() == before
+
+
+def test_cancel_of_an_unknown_run_is_not_found():
+    with pytest.raises(services.RunNotFound):
+        services.run_cancel(run_id="00000000-0000-0000-0000-000000000000", actor="o", source="api")
+
+
+# --- the live path: intent first ----------------------------------------------------------
+
+
+def test_cancel_of_a_running_run_records_the_intent_and_leaves_it_running():
+    run, generation = running_run()
+    result = services.run_cancel(run_id=run.id, actor="olga", source="api")
+    assert result.path == "live"
+    run.refresh_from_db()
+    assert run.state == RunState.RUNNING
+    assert run.control.applied_at is None
+    assert kinds(run)[-1] == "cancel_requested"
+
+
+def test_a_second_request_joins_the_pending_one():
+    run, generation = running_run()
+    first = services.run_cancel(run_id=run.id, actor="olga", source="api")
+    second = services.run_stop(run_id=run.id, actor="olga", source="api", reason="again")
+    assert second.intent.pk == first.intent.pk
+    assert ControlIntent.objects.filter(run=run).count() == 1
+
+
+def test_the_interrupted_attempt_ends_the_run_as_the_intent_says():
+    run, generation = running_run()
+    services.run_stop(run_id=run.id, actor="olga", source="api", reason="enough")
+    assert services.attempt_interrupted(run_id=run.id, generation=generation)
+    run.refresh_from_db()
+    assert (run.end_cause, run.stop_code, run.stop_reason) == ("stopped", "operator", "enough")
+    assert run.control.applied_at is not None
+    attempt = Attempt.objects.get(run=run)
+    assert (attempt.state, attempt.close_reason) == (AttemptState.CLOSED, CloseReason.STOPPED)
+    assert Event.objects.get(run=run, kind="ended").actor == "olga"
+
+
+# --- the finish boundary -------------------------------------------------------------------
+
+
+def test_first_terminal_commit_wins_and_late_results_are_dropped():
+    run, generation = running_run()
+    services.run_cancel(run_id=run.id, actor="olga", source="api")
+    assert services.attempt_interrupted(run_id=run.id, generation=generation)
+    assert not services.attempt_finish(run_id=run.id, generation=generation,
+                                       ending=Ending.completed({"late": True}))
+    run.refresh_from_db()
+    assert run.end_cause == "cancelled" and run.output is None
+    assert Event.objects.filter(run=run, kind="ended").count() == 1
+
+
+def test_a_stale_generation_can_neither_finish_nor_step():
+    run, generation = running_run()
+    before = db_state()
+    assert not services.attempt_finish(run_id=run.id, generation=generation + 1,
+                                       ending=Ending.completed())
+    with pytest.raises(services.Fenced):
+        services.attempt_step(run_id=run.id, generation=generation - 1)
+    with pytest.raises(services.Fenced):
+        services.attempt_pause(run_id=run.id, generation=generation - 1)
+    with pytest.raises(services.Fenced):
+        services.attempt_heartbeat(run_id=run.id, generation=generation - 1, owner=OWNER,
+                                   lease_seconds=5)
+    assert db_state() == before
+
+
+def test_completion_closes_the_attempt_and_keeps_the_output():
+    run, generation = running_run()
+    services.attempt_step(run_id=run.id, generation=generation, tokens=7, agent_state={"i": 1})
+    assert services.attempt_finish(run_id=run.id, generation=generation,
+                                   ending=Ending.completed({"answer": 42}))
+    run.refresh_from_db()
+    assert (run.state, run.end_cause, run.output) == ("ended", "completed", {"answer": 42})
+    assert (run.steps, run.tokens) == (1, 7)
+    assert Attempt.objects.get(run=run).close_reason == CloseReason.COMPLETED
+    assert kinds(run) == ["created", "started", "step", "ended"]
+    assert_versions_contiguous(run)
+
+
+def test_failure_keeps_the_error():
+    run, generation = running_run()
+    services.attempt_finish(run_id=run.id, generation=generation, ending=Ending.failed("boom"))
+    run.refresh_from_db()
+    assert (run.end_cause, run.error) == ("failed", "boom")
+
+
+# --- pause and resume ----------------------------------------------------------------------
+
+
+def test_pause_issues_a_ticket_and_resume_consumes_it():
+    run, ticket_id = awaiting_run()
+    assert run.state == RunState.AWAITING and str(run.ticket_id) == ticket_id
+    assert Attempt.objects.get(run=run).close_reason == CloseReason.PAUSED
+    resumed = services.run_resume(run_id=run.id, ticket_id=ticket_id, input={"approved": True},
+                                  actor="olga", source="api")
+    assert resumed.state == RunState.QUEUED and resumed.ticket_id is None
+    ticket = ResumeTicket.objects.get(pk=ticket_id)
+    assert (ticket.state, ticket.resume_input) == (TicketState.CONSUMED, {"approved": True})
+    attempt = services.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=5)
+    assert attempt.generation == 2
+
+
+def test_resume_with_another_ticket_is_a_mismatch():
+    run, _ = awaiting_run()
+    before = db_state()
+    with pytest.raises(services.TicketMismatch):
+        services.run_resume(run_id=run.id, ticket_id="00000000-0000-0000-0000-000000000000",
+                            actor="olga", source="api")
+    assert db_state() == before
+
+
+def test_resume_after_ended_fails_closed():
+    run, ticket_id = awaiting_run()
+    services.run_cancel(run_id=run.id, actor="olga", source="api")
+    before = db_state()
+    with pytest.raises(services.NotAwaiting):
+        services.run_resume(run_id=run.id, ticket_id=ticket_id, actor="olga", source="api")
+    assert db_state() == before
+
+
+def test_a_pending_cancel_wins_over_a_pause():
+    run, generation = running_run()
+    services.run_cancel(run_id=run.id, actor="olga", source="api")
+    assert services.attempt_pause(run_id=run.id, generation=generation) is None
+    run.refresh_from_db()
+    assert (run.state, run.end_cause) == ("ended", "cancelled")
+    assert ResumeTicket.objects.count() == 0
+
+
+def test_start_claims_only_a_queued_run_once():
+    run = queued_run()
+    first = services.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=5)
+    second = services.attempt_start(run_id=run.id, owner="other:2", lease_seconds=5)
+    assert first.generation == 1 and second is None
+
+
+def test_start_waits_for_start_after():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    run = queued_run(start_after=timezone.now() + timedelta(hours=1))
+    assert services.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=5) is None
+
+
+# --- announcements happen after commit only --------------------------------------------------
+
+
+def test_every_transition_is_broadcast_after_commit(django_capture_on_commit_callbacks):
+    with mock.patch("runs.broadcast.publisher.send") as send:
+        with django_capture_on_commit_callbacks(execute=False) as callbacks:
+            run = queued_run()
+        assert send.call_count == 0  # nothing before the commit
+        for callback in callbacks:
+            callback()
+    (groups, message), _ = send.call_args
+    assert groups == (f"run-{run.id}", "runs")
+    assert message["type"] == "run.changed"
+    assert message["event"]["kind"] == "created" and message["run"]["id"] == str(run.id)
+    assert message["seq"] == message["event"]["seq"]
