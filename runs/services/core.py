@@ -32,15 +32,13 @@ from runs.services.errors import RunNotFound
 def locked_run(run_id) -> Run:
     """The run, row-locked until the surrounding transaction ends.
 
-    Call inside ``transaction.atomic()``. The open ticket and the newest control intent come
-    along (not locked: they only change under this run's lock).
+    Call inside ``transaction.atomic()``. The open ticket and the newest control intent are
+    read lazily, after the lock is held, and deliberately not joined here: when a locking
+    read waits for another transaction, PostgreSQL re-reads the locked row once that one
+    commits but not the rows joined to it, so a joined intent could be stale.
     """
     try:
-        return (
-            Run.objects.select_for_update(of=("self",))
-            .select_related("ticket", "control")
-            .get(pk=run_id)
-        )
+        return Run.objects.select_for_update().get(pk=run_id)
     except (Run.DoesNotExist, ValueError):
         raise RunNotFound(f"No run with id {run_id}.") from None
 

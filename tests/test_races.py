@@ -1,0 +1,187 @@
+"""Races on one run from many threads, each with its own PostgreSQL connection.
+
+Real concurrency needs real transactions, so these use ``transactional_db`` and run only on
+PostgreSQL (row locks are what serialize a run's transitions).
+"""
+
+import random
+
+import pytest
+
+from runs import services
+from runs.models import ControlIntent, Event, EventKind, ResumeTicket, Run, RunState, TicketState
+from runs.services import Ending
+from tests.factories import OWNER, awaiting_run, queued_run, running_run
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+ROUNDS = 200
+
+
+def check_run_history(run_id) -> Run:
+    """SPEC §7.1: one terminal event, nothing after it, versions contiguous."""
+    run = Run.objects.get(pk=run_id)
+    events = list(Event.objects.filter(run_id=run_id).order_by("seq"))
+    assert [e.version for e in events] == list(range(1, run.version + 1))
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    ended = [e for e in events if e.kind == EventKind.ENDED]
+    if run.state == RunState.ENDED:
+        assert len(ended) == 1 and events[-1] is ended[0]
+        assert ended[0].end_cause == run.end_cause
+        assert not ControlIntent.objects.filter(run_id=run_id, applied_at__isnull=True).exists()
+    else:
+        assert ended == []
+    return run
+
+
+def finisher(run_id, generation, ending):
+    def op():
+        return ("finish", ending.cause,
+                services.attempt_finish(run_id=run_id, generation=generation, ending=ending))
+    return op
+
+
+def starter_finisher(run_id, ending):
+    def op():
+        attempt = services.attempt_start(run_id=run_id, owner=OWNER, lease_seconds=30)
+        if attempt is None:
+            return ("finish", ending.cause, False)
+        return ("finish", ending.cause, services.attempt_finish(
+            run_id=run_id, generation=attempt.generation, ending=ending))
+    return op
+
+
+def canceller(run_id):
+    def op():
+        return ("request", "cancelled",
+                services.run_cancel(run_id=run_id, actor="c", source="api").path)
+    return op
+
+
+def stopper(run_id):
+    def op():
+        return ("request", "stopped",
+                services.run_stop(run_id=run_id, actor="s", source="api", reason="halt").path)
+    return op
+
+
+def test_cancel_stop_completion_and_failure_race_to_one_terminal_state(gang):
+    """Eight threads at once on one run, 200 times: exactly one terminal commit wins."""
+    threads = gang(8)
+    rng = random.Random(7)
+    for round_no in range(ROUNDS):
+        from_queued = round_no % 2 == 1
+        if from_queued:
+            run = queued_run()
+            attempt_ops = [starter_finisher(run.id, Ending.completed({"n": 1})),
+                           starter_finisher(run.id, Ending.completed({"n": 2})),
+                           starter_finisher(run.id, Ending.failed("boom")),
+                           starter_finisher(run.id, Ending.failed("bang"))]
+        else:
+            run, generation = running_run()
+            attempt_ops = [finisher(run.id, generation, Ending.completed({"n": 1})),
+                           finisher(run.id, generation, Ending.completed({"n": 2})),
+                           finisher(run.id, generation, Ending.failed("boom")),
+                           finisher(run.id, generation, Ending.failed("bang"))]
+        ops = attempt_ops + [canceller(run.id), canceller(run.id), stopper(run.id),
+                             stopper(run.id)]
+        rng.shuffle(ops)
+        results = threads.run(ops)
+        errors = [r for r in results if isinstance(r, Exception)]
+        assert not errors, errors
+
+        run = check_run_history(run.id)
+        assert run.state == RunState.ENDED
+        won = [cause for kind, cause, outcome in results
+               if (kind == "finish" and outcome is True) or (kind == "request" and outcome == "durable")]
+        assert won == [run.end_cause], (round_no, results, run.end_cause)
+        if not from_queued:
+            # Cancel and stop of a running run only record the intent: an attempt decides.
+            assert run.end_cause in ("completed", "failed")
+        if run.end_cause == "completed":
+            assert run.output in ({"n": 1}, {"n": 2}) and run.error is None
+        # A second request joins the first: never more than one intent.
+        assert ControlIntent.objects.filter(run=run).count() <= 1
+
+
+def test_resume_racing_cancel_consumes_the_ticket_at_most_once(gang):
+    threads = gang(8)
+    rng = random.Random(11)
+    outcomes = {"resumed_then_ended": 0, "ended_before_resume": 0}
+    for round_no in range(ROUNDS):
+        run, ticket_id = awaiting_run()
+
+        def resumer():
+            try:
+                services.run_resume(run_id=run.id, ticket_id=ticket_id, input={"r": 1},
+                                    actor="r", source="api")
+                return ("resume", True)
+            except (services.NotAwaiting, services.TicketMismatch) as error:
+                return ("resume", type(error).__name__)
+
+        ops = [resumer, resumer, resumer, canceller(run.id), canceller(run.id), stopper(run.id),
+               stopper(run.id), canceller(run.id)]
+        rng.shuffle(ops)
+        results = threads.run(ops)
+        assert not [r for r in results if isinstance(r, Exception)], results
+
+        run = check_run_history(run.id)
+        accepted = [r for r in results if r == ("resume", True)]
+        assert len(accepted) <= 1
+        ticket = ResumeTicket.objects.get(pk=ticket_id)
+        kinds = list(Event.objects.filter(run=run).order_by("seq").values_list("kind", flat=True))
+        # Every request either ended the run on the durable path or joined a pending one;
+        # here nothing is running, so the run always ends.
+        assert run.state == RunState.ENDED
+        if accepted:
+            assert ticket.state == TicketState.CONSUMED
+            assert kinds.count("resumed") == 1
+            assert kinds.index("resumed") < kinds.index("ended")
+            outcomes["resumed_then_ended"] += 1
+        else:
+            assert ticket.state == TicketState.REVOKED
+            assert "resumed" not in kinds
+            assert all(r[1] == "NotAwaiting" for r in results if r[0] == "resume")
+            outcomes["ended_before_resume"] += 1
+    assert sum(outcomes.values()) == ROUNDS
+
+
+def test_a_stale_generation_changes_nothing_while_its_replacement_runs(gang):
+    """Generation 1 paused and was resumed; generation 2 is live. Generation 1's late calls
+    race generation 2's steps and must all be refused."""
+    threads = gang(8)
+    for _ in range(50):
+        run, ticket_id = awaiting_run()
+        services.run_resume(run_id=run.id, ticket_id=ticket_id, actor="r", source="api")
+        current = services.attempt_start(run_id=run.id, owner="w2:2", lease_seconds=30)
+        assert current.generation == 2
+
+        def stale(call):
+            def op():
+                try:
+                    return ("stale", call())
+                except services.Fenced:
+                    return ("stale", "fenced")
+            return op
+
+        ops = [
+            stale(lambda: services.attempt_finish(run_id=run.id, generation=1,
+                                                  ending=Ending.completed("late"))),
+            stale(lambda: services.attempt_step(run_id=run.id, generation=1)),
+            stale(lambda: services.attempt_pause(run_id=run.id, generation=1)),
+            stale(lambda: services.attempt_heartbeat(run_id=run.id, generation=1, owner=OWNER,
+                                                     lease_seconds=30)),
+            stale(lambda: services.attempt_interrupted(run_id=run.id, generation=1)),
+            lambda: ("current", services.attempt_step(run_id=run.id, generation=2).steps),
+            lambda: ("current", services.attempt_step(run_id=run.id, generation=2).steps),
+            lambda: ("current", services.attempt_heartbeat(run_id=run.id, generation=2,
+                                                           owner="w2:2", lease_seconds=30)),
+        ]
+        results = threads.run(ops)
+        assert not [r for r in results if isinstance(r, Exception)], results
+        for kind, outcome in results:
+            if kind == "stale":
+                assert outcome in ("fenced", False), results
+        run = check_run_history(run.id)
+        assert (run.state, run.generation, run.steps) == (RunState.RUNNING, 2, 2)
+        assert run.output is None
