@@ -199,7 +199,15 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 5000, "expiry": 30},
+            "CONFIG": {
+                # redis-py 8 reads with a 5 s socket timeout by default, which cuts the
+                # layer's 5 s blocking BZPOPMIN short (django/channels_redis#422).
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
+                # Past capacity a channel drops messages silently; clients heal with
+                # "resume after seq", but size it well above a burst.
+                "capacity": 5000,
+                "expiry": 30,
+            },
         }
     }
 else:
@@ -226,3 +234,18 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.getenv("LOG_LEVEL", "INFO")},
     "loggers": {"django.channels.server": {"level": "WARNING"}},
 }
+
+# Live attempts one worker process holds at most, and its database threads.
+AWAKEN_WORKER_CAPACITY = envnumber("AWAKEN_WORKER_CAPACITY", "1000", minimum=1)
+AWAKEN_DB_THREADS = envnumber("AWAKEN_DB_THREADS", "8", minimum=1)
+# How long a live command waits for the owning worker's answer.
+AWAKEN_DELIVERY_TIMEOUT = envnumber("AWAKEN_DELIVERY_TIMEOUT", "1.0", kind=float, minimum=0.05)
+
+CELERY_TASK_DEFAULT_QUEUE = os.getenv("AWAKEN_QUEUE", "awaken")
+CELERY_BEAT_SCHEDULE = {
+    "sweep": {"task": "runs.sweep", "schedule": max(1.0, AWAKEN_LEASE_SECONDS / 3)},
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0.1,
+                                    "interval_step": 0.2, "interval_max": 0.5}
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False

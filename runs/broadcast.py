@@ -9,6 +9,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
+from contextlib import contextmanager
 
 from channels.layers import get_channel_layer
 
@@ -70,3 +71,80 @@ class Publisher:
 
 
 publisher = Publisher()
+
+
+class Watchers:
+    """Wakes threads of this process that wait for a run to change.
+
+    One subscription to the runs group per process, on the publisher's loop; a waiting
+    thread registers before it reads the run, so no commit can slip between its read and
+    its wake-up.
+    """
+
+    REFRESH_SECONDS = 3600  # group membership expires (channels' group_expiry, one day)
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_run: dict[str, set[threading.Event]] = {}
+        self._subscribed = threading.Event()
+        self._started = False
+
+    @contextmanager
+    def watch(self, run_id):
+        """``with watchers.watch(run_id) as changed:`` then ``changed.wait(timeout)``."""
+        self._ensure_subscribed()
+        changed = threading.Event()
+        key = str(run_id)
+        with self._lock:
+            self._by_run.setdefault(key, set()).add(changed)
+        try:
+            yield changed
+        finally:
+            with self._lock:
+                waiting = self._by_run.get(key)
+                if waiting is not None:
+                    waiting.discard(changed)
+                    if not waiting:
+                        del self._by_run[key]
+
+    def notify(self, run_id) -> None:
+        with self._lock:
+            waiting = list(self._by_run.get(str(run_id), ()))
+        for event in waiting:
+            event.set()
+
+    def _ensure_subscribed(self) -> None:
+        if get_channel_layer() is None:
+            raise RuntimeError("no channel layer is configured")
+        with self._lock:
+            start, self._started = not self._started, True
+        if start:
+            loop = publisher._event_loop()
+            loop.call_soon_threadsafe(lambda: loop.create_task(self._listen()))
+        if not self._subscribed.wait(10):
+            raise RuntimeError("could not subscribe to run changes")
+
+    async def _listen(self) -> None:
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        refreshed = None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                if refreshed is None or loop.time() - refreshed > self.REFRESH_SECONDS:
+                    await layer.group_add(RUNS_GROUP, channel)
+                    refreshed = loop.time()
+                    self._subscribed.set()
+                message = await asyncio.wait_for(layer.receive(channel), self.REFRESH_SECONDS)
+            except asyncio.TimeoutError:
+                continue
+            except Exception:  # the layer is down: retry, waiters time out meanwhile
+                log.warning("run-change subscription failed", exc_info=True)
+                refreshed = None
+                await asyncio.sleep(1)
+                continue
+            if message.get("type") == "run.changed":
+                self.notify(message["run"]["id"])
+
+
+watchers = Watchers()

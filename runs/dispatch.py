@@ -1,13 +1,35 @@
 """What happens after commit when a run is queued or a control intent is recorded.
 
-The execution layer (``runs.tasks``, ``runs.control``) does the work; the services only
-name the moment, so they never import Celery.
+The services name the moment; this module talks to the broker, so they never import Celery.
+A failure here loses nothing: the sweeper re-sends lost dispatches, and a pending intent
+reaches its attempt on the next lease renewal or is applied when the lease expires.
 """
+
+import logging
+
+from django.utils import timezone
+
+from runs.models import ControlIntent
+from runs.services.errors import NotActive
+
+log = logging.getLogger(__name__)
 
 
 def run_queued(*, run_id, start_after=None) -> None:
-    """A run became queued: hand it to a worker."""
+    """A run became queued: hand it to a worker (at ``start_after``, if later)."""
+    from runs.tasks import execute
+
+    eta = start_after if start_after and start_after > timezone.now() else None
+    execute.apply_async(args=[str(run_id)], eta=eta)
 
 
 def intent_recorded(*, run_id, intent_id) -> None:
-    """A cancel or stop of a running run was recorded: tell its attempt."""
+    """A cancel or stop of a running run was recorded: tell its attempt now."""
+    from runs import live
+
+    intent = ControlIntent.objects.filter(pk=intent_id).values("requested_by", "source").first()
+    try:
+        live.deliver(run_id=run_id, command="cancel", actor=intent["requested_by"],
+                     source=intent["source"], intent_id=intent_id)
+    except NotActive:
+        log.info("run %s: cancel not taken live; it waits for renewal or lease expiry", run_id)

@@ -99,6 +99,9 @@ class Run(models.Model):
 
     version = models.PositiveIntegerField(default=0, help_text="Equals the run's event count.")
     start_after = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a worker was last asked to take the queued run."
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -168,6 +171,12 @@ class Run(models.Model):
             models.Index(fields=["state", "-created_at"], name="runs_run_state_newest"),
             models.Index(fields=["agent", "-created_at"], name="runs_run_agent_newest"),
             models.Index(fields=["thread_id", "-created_at"], name="runs_run_thread_newest"),
+            # The sweeper re-dispatches queued runs whose broker message may be lost.
+            models.Index(
+                fields=["dispatched_at"],
+                condition=Q(state=RunState.QUEUED),
+                name="runs_run_queued_dispatch",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -334,7 +343,7 @@ class ControlIntent(models.Model):
                 name="runs_intent_stop_has_code_and_reason",
             ),
             # One pending request per run: a second cancel or stop joins the first. Its index
-            # also serves the lookups of pending intents (attempt_heartbeat, the sweeper).
+            # also serves the lookups of pending intents (attempt_renew, the sweeper).
             models.UniqueConstraint(
                 fields=["run"],
                 condition=Q(applied_at__isnull=True),

@@ -2,11 +2,12 @@
 
 import base64
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db.models import Q
 
-from runs.models import Event, Run
+from runs.models import Event, ResumeTicket, Run, TicketState
 from runs.services.errors import InvalidRequest, RunNotFound
 
 
@@ -65,3 +66,40 @@ def run_events(*, run: Run, after: int = 0):
 
 def events_after(*, after: int = 0, limit: int = 100):
     return list(Event.objects.filter(seq__gt=after).order_by("seq")[:limit])
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    """What an attempt needs to know of its run when it starts."""
+
+    agent: str
+    input: dict
+    agent_state: dict | None
+    resume: tuple | None  # (ticket reason, resume input) when the attempt follows a resume
+    steps: int
+    tokens: int
+    seconds_used: float
+    max_steps: int | None
+    max_seconds: float | None
+    max_tokens: int | None
+
+
+def attempt_view(*, run_id, generation: int) -> AttemptView:
+    run = Run.objects.get(pk=run_id)
+    ticket = (ResumeTicket.objects.filter(run_id=run_id, generation=generation - 1,
+                                          state=TicketState.CONSUMED)
+              .values_list("reason", "resume_input").first())
+    return AttemptView(
+        agent=run.agent, input=run.input or {}, agent_state=run.agent_state,
+        resume=tuple(ticket) if ticket else None, steps=run.steps, tokens=run.tokens,
+        seconds_used=run.seconds_used, max_steps=run.max_steps, max_seconds=run.max_seconds,
+        max_tokens=run.max_tokens,
+    )
+
+
+def run_ends(*, run_ids) -> list[dict]:
+    """The committed end of each run, in the order given."""
+    rows = {str(r["id"]): r for r in Run.objects.filter(pk__in=run_ids).values(
+        "id", "state", "end_cause", "stop_code")}
+    return [{"id": str(run_id), **{k: v for k, v in rows[str(run_id)].items() if k != "id"}}
+            for run_id in run_ids if str(run_id) in rows]

@@ -169,13 +169,13 @@ def test_a_stale_generation_changes_nothing_while_its_replacement_runs(gang):
                                                   ending=Ending.completed("late"))),
             stale(lambda: services.attempt_step(run_id=run.id, generation=1)),
             stale(lambda: services.attempt_pause(run_id=run.id, generation=1)),
-            stale(lambda: services.attempt_heartbeat(run_id=run.id, generation=1, owner=OWNER,
-                                                     lease_seconds=30)),
+            stale(lambda: services.attempt_renew(owner=OWNER, attempts=[(run.id, 1)],
+                                                 lease_seconds=30).renewed or "fenced"),
             stale(lambda: services.attempt_interrupted(run_id=run.id, generation=1)),
             lambda: ("current", services.attempt_step(run_id=run.id, generation=2).steps),
             lambda: ("current", services.attempt_step(run_id=run.id, generation=2).steps),
-            lambda: ("current", services.attempt_heartbeat(run_id=run.id, generation=2,
-                                                           owner="w2:2", lease_seconds=30)),
+            lambda: ("current", services.attempt_renew(owner="w2:2", attempts=[(run.id, 2)],
+                                                       lease_seconds=30).renewed),
         ]
         results = threads.run(ops)
         assert not [r for r in results if isinstance(r, Exception)], results

@@ -200,9 +200,11 @@ def test_a_stale_generation_can_neither_finish_nor_step():
         services.attempt_step(run_id=run.id, generation=generation - 1)
     with pytest.raises(services.Fenced):
         services.attempt_pause(run_id=run.id, generation=generation - 1)
-    with pytest.raises(services.Fenced):
-        services.attempt_heartbeat(run_id=run.id, generation=generation - 1, owner=OWNER,
+    stale = services.attempt_renew(owner=OWNER, attempts=[(run.id, generation - 1)],
                                    lease_seconds=5)
+    other_owner = services.attempt_renew(owner="other:9", attempts=[(run.id, generation)],
+                                         lease_seconds=5)
+    assert stale.renewed == set() and other_owner.renewed == set()
     assert db_state() == before
 
 

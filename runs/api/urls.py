@@ -11,6 +11,8 @@ urlpatterns = [
     path("runs/<str:run_id>/cancel/", views.RunCancelView.as_view(), name="runs-cancel"),
     path("runs/<str:run_id>/stop/", views.RunStopView.as_view(), name="runs-stop"),
     path("runs/<str:run_id>/resume/", views.RunResumeView.as_view(), name="runs-resume"),
+    path("runs/<str:run_id>/pause/", views.RunPauseView.as_view(), name="runs-pause"),
+    path("runs/<str:run_id>/deliver/", views.RunDeliverView.as_view(), name="runs-deliver"),
     path("events/", views.EventListView.as_view(), name="runs-events-all"),
     path("schema/", SpectacularAPIView.as_view(), name="runs-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="runs-schema"), name="runs-docs"),

@@ -1,12 +1,17 @@
 """Every write to run state goes through these functions, and nothing else writes it."""
 
 from runs.services.attempts import (
+    Renewal,
+    attempt_expire,
     attempt_finish,
-    attempt_heartbeat,
     attempt_interrupted,
     attempt_pause,
+    attempt_renew,
     attempt_start,
     attempt_step,
+    attempt_stop_by_policy,
+    intent_delivered,
+    runs_redispatch,
 )
 from runs.services.core import Ending, finish, locked_run
 from runs.services.errors import (
@@ -32,12 +37,17 @@ __all__ = [
     "RunNotFound",
     "ServiceError",
     "TicketMismatch",
+    "Renewal",
+    "attempt_expire",
     "attempt_finish",
-    "attempt_heartbeat",
     "attempt_interrupted",
     "attempt_pause",
+    "attempt_renew",
     "attempt_start",
     "attempt_step",
+    "attempt_stop_by_policy",
+    "intent_delivered",
+    "runs_redispatch",
     "finish",
     "locked_run",
     "run_cancel",

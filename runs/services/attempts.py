@@ -5,21 +5,37 @@ longer the run's live one (an older generation, a run that moved on) changes not
 writes raise ``Fenced`` and the finish boundary answers False.
 """
 
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
+from runs import dispatch
 from runs.models import (
     Attempt,
     AttemptState,
+    CloseReason,
+    ControlAction,
     ControlIntent,
     EventKind,
     ResumeTicket,
+    Run,
     RunState,
+    Source,
     TicketReason,
 )
-from runs.services.core import Ending, close_live_attempt, finish, locked_run, record
+from runs.services.core import (
+    Ending,
+    close_live_attempt,
+    finish,
+    locked_run,
+    pending_intent,
+    record,
+    record_intent,
+)
+from runs.services.runs import dispatch_later
 from runs.services.errors import Fenced
 
 
@@ -77,9 +93,10 @@ def attempt_pause(*, run_id, generation: int, reason: str = TicketReason.MANUAL_
     """
     with transaction.atomic():
         run = _locked_current(run_id, generation)
-        if run.control is not None and run.control.applied_at is None:
-            finish(run, Ending.from_intent(run.control), generation=generation,
-                   actor=run.control.requested_by, source=run.control.source)
+        intent = pending_intent(run)
+        if intent is not None:
+            finish(run, Ending.from_intent(intent), generation=generation,
+                   actor=intent.requested_by, source=intent.source)
             return None
         now = timezone.now()
         run.seconds_used += close_live_attempt(run, "paused", now=now)
@@ -111,7 +128,7 @@ def attempt_interrupted(*, run_id, generation: int, actor: str | None = None,
     """
     with transaction.atomic():
         run = locked_run(run_id)
-        intent = run.control if run.control and run.control.applied_at is None else None
+        intent = pending_intent(run)
         if intent is not None:
             ending, actor, source = Ending.from_intent(intent), intent.requested_by, intent.source
         else:
@@ -119,16 +136,106 @@ def attempt_interrupted(*, run_id, generation: int, actor: str | None = None,
         return finish(run, ending, generation=generation, actor=actor, source=source)
 
 
-def attempt_heartbeat(*, run_id, generation: int, owner: str,
-                      lease_seconds: float) -> ControlIntent | None:
-    """Renew the attempt's lease; returns the run's pending control intent, if any.
+def attempt_stop_by_policy(*, run_id, generation: int, code: str, reason: str) -> bool:
+    """A budget or other host policy ends the run ``stopped`` with ``code``.
 
-    Raises Fenced when the attempt no longer holds the claim: its owner must cancel its own
-    token at once and commit nothing.
+    The policy's request is recorded like an operator's (source ``policy``); a cancel or
+    stop already pending is applied instead, since it was asked for first.
     """
-    renewed = Attempt.objects.filter(
-        run_id=run_id, generation=generation, owner=owner, state=AttemptState.LIVE
-    ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease_seconds))
-    if not renewed:
-        raise Fenced(f"Attempt {generation} of run {run_id} lost its claim.")
-    return ControlIntent.objects.filter(run_id=run_id, applied_at__isnull=True).first()
+    with transaction.atomic():
+        run = locked_run(run_id)
+        if run.state != RunState.RUNNING or run.generation != generation:
+            return False
+        intent = pending_intent(run) or record_intent(
+            run, action=ControlAction.STOP, reason=reason, stop_code=code, actor="policy",
+            source=Source.POLICY)
+        return finish(run, Ending.from_intent(intent), generation=generation,
+                      actor=intent.requested_by, source=intent.source)
+
+
+@dataclass(frozen=True)
+class Renewal:
+    renewed: set  # (run_id, generation) of the attempts that still hold their claim
+    intents: dict  # run_id -> its pending ControlIntent
+
+
+def attempt_renew(*, owner: str, attempts: list[tuple], lease_seconds: float) -> Renewal:
+    """Renew the leases of ``attempts`` (pairs of run id and generation) held by ``owner``.
+
+    One UPDATE and two reads for all of a worker's attempts. An attempt missing from
+    ``renewed`` was fenced (reclaimed, expired or closed): its owner must cancel its token at
+    once and commit nothing. ``intents`` carries the pending cancel or stop requests, so a
+    lost live signal costs at most one renewal interval.
+    """
+    wanted = {(str(run_id), generation) for run_id, generation in attempts}
+    run_ids = sorted({run_id for run_id, _ in wanted})
+    if not run_ids:
+        return Renewal(set(), {})
+    live = Attempt.objects.filter(owner=owner, state=AttemptState.LIVE, run_id__in=run_ids)
+    live.update(lease_expires_at=timezone.now() + timedelta(seconds=lease_seconds))
+    # Read after the update: an attempt closed before it was not renewed and is absent here;
+    # one closed after it cannot be, its lease being fresh.
+    renewed = {(str(run_id), generation)
+               for run_id, generation in live.values_list("run_id", "generation")} & wanted
+    intents = {str(intent.run_id): intent for intent in ControlIntent.objects.filter(
+        run_id__in=[run_id for run_id, _ in renewed], applied_at__isnull=True)}
+    return Renewal(renewed, intents)
+
+
+def intent_delivered(*, intent_id) -> bool:
+    """The owning attempt accepted the live signal of this intent (first time counts)."""
+    return bool(ControlIntent.objects.filter(pk=intent_id, delivered_at__isnull=True)
+                .update(delivered_at=timezone.now()))
+
+
+def attempt_expire(*, run_id, generation: int, max_crash_retries: int) -> str | None:
+    """The sweeper's transition for an attempt whose lease ran out (SPEC §6).
+
+    1. a pending cancel or stop is applied as the terminal state;
+    2. otherwise the run is queued again for a new attempt, within ``max_crash_retries``;
+    3. past that budget it ends ``failed`` ("worker lost").
+    Returns what it did, or None if the attempt was renewed or closed meanwhile.
+    """
+    with transaction.atomic():
+        run = locked_run(run_id)
+        now = timezone.now()
+        expired = Attempt.objects.filter(run=run, generation=generation, state=AttemptState.LIVE,
+                                         lease_expires_at__lt=now).exists()
+        if not expired or run.state != RunState.RUNNING or run.generation != generation:
+            return None
+        intent = pending_intent(run)
+        if intent is not None:
+            finish(run, Ending.from_intent(intent), actor=intent.requested_by,
+                   source=intent.source)
+            return "applied"
+        if run.crash_retries >= max_crash_retries:
+            finish(run, Ending.failed("worker lost"), source="worker")
+            return "failed"
+        run.seconds_used += close_live_attempt(run, CloseReason.LOST, now=now)
+        run.crash_retries += 1
+        run.state = RunState.QUEUED
+        run.dispatched_at = now
+        record(run, EventKind.REQUEUED, fields=("seconds_used", "crash_retries", "state",
+                                                 "dispatched_at"),
+               source="worker", data={"lost_generation": generation,
+                                      "crash_retries": run.crash_retries})
+        transaction.on_commit(dispatch_later(run), robust=True)
+        return "requeued"
+
+
+def runs_redispatch(*, older_than: float, limit: int = 100) -> list:
+    """Queued runs that are due and were last handed to a worker ``older_than`` seconds ago:
+    their broker message may be lost, so send another (a duplicate claim is refused)."""
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=older_than)
+    due = (Q(start_after__isnull=True) | Q(start_after__lte=now))
+    candidates = list(Run.objects.filter(due, state=RunState.QUEUED, dispatched_at__lt=cutoff)
+                      .values_list("id", "dispatched_at")[:limit])
+    sent = []
+    for run_id, dispatched_at in candidates:
+        # Compare-and-set on dispatched_at: two sweepers never both send.
+        if Run.objects.filter(pk=run_id, state=RunState.QUEUED, dispatched_at=dispatched_at
+                              ).update(dispatched_at=now):
+            dispatch.run_queued(run_id=run_id)
+            sent.append(run_id)
+    return sent

@@ -18,6 +18,8 @@ from runs.models import (
     Attempt,
     AttemptState,
     CloseReason,
+    ControlAction,
+    ControlIntent,
     EndCause,
     Event,
     EventKind,
@@ -68,6 +70,27 @@ def record(
     )
     transaction.on_commit(partial(broadcast.run_changed, run=run, event=event), robust=True)
     return event
+
+
+def pending_intent(run: Run) -> ControlIntent | None:
+    """The run's cancel or stop request that has not been applied yet, if any."""
+    return run.control if run.control is not None and run.control.applied_at is None else None
+
+
+def record_intent(run: Run, *, action: str, reason: str | None, stop_code: str | None,
+                  actor: str, source: str) -> ControlIntent:
+    """Write a control intent and its ``*_requested`` event (the run must be locked)."""
+    intent = ControlIntent.objects.create(
+        run=run, action=action, reason=reason, stop_code=stop_code, requested_by=actor,
+        source=source,
+    )
+    run.control = intent
+    kind = EventKind.STOP_REQUESTED if action == ControlAction.STOP else EventKind.CANCEL_REQUESTED
+    data = {"reason": reason} if reason else {}
+    if stop_code:
+        data["stop_code"] = stop_code
+    record(run, kind, fields=("control",), actor=actor, source=source, data=data)
+    return intent
 
 
 @dataclass(frozen=True)
@@ -142,9 +165,10 @@ def finish(
         run.ticket.save(update_fields=["state", "closed_at", "closed_by"])
         run.ticket = None
         fields.append("ticket")
-    if run.control is not None and run.control.applied_at is None:
-        run.control.applied_at = now
-        run.control.save(update_fields=["applied_at"])
+    intent = pending_intent(run)
+    if intent is not None:
+        intent.applied_at = now
+        intent.save(update_fields=["applied_at"])
 
     run.state = RunState.ENDED
     run.end_cause = ending.cause

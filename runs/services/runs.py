@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+from functools import partial
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -9,16 +10,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from runs import agents
-from runs.models import (
-    ControlAction,
-    ControlIntent,
-    EventKind,
-    Run,
-    RunState,
-    StopCode,
-    TicketState,
-)
-from runs.services.core import Ending, finish, locked_run, record
+from runs.models import ControlAction, ControlIntent, EventKind, Run, RunState, StopCode, TicketState
+from runs.services.core import Ending, finish, locked_run, pending_intent, record, record_intent
 from runs.services.errors import (
     IdempotencyConflict,
     InvalidRequest,
@@ -41,12 +34,14 @@ def run_create(
     created_by=None,
     idempotency_key: str | None = None,
     source: str = "api",
+    dispatch: bool = True,
 ) -> tuple[Run, bool]:
     """Create a queued run. Returns ``(run, created)``.
 
     With an ``idempotency_key`` the same user replaying the same request gets the run the
     first call created (``created`` is False); a different request under the same key is an
     ``IdempotencyConflict``. The insert itself is the check (runs_run_idempotency_key_unique).
+    ``dispatch=False`` leaves the run to the caller to claim (a child run started in-process).
     """
     input = {} if input is None else input
     budget = _clean_budget(budget or {})
@@ -62,6 +57,7 @@ def run_create(
     fingerprint = _fingerprint(agent, input, thread_id, parent_id, budget, start_after)
 
     run = Run(
+        dispatched_at=timezone.now() if dispatch else None,
         agent=agent,
         input=input,
         parent=parent,
@@ -77,7 +73,8 @@ def run_create(
             run.save(force_insert=True)
             record(run, EventKind.CREATED, actor=_name(created_by), source=source,
                    data={"agent": agent})
-            transaction.on_commit(_dispatch_later(run), robust=True)
+            if dispatch:
+                transaction.on_commit(dispatch_later(run), robust=True)
     except IntegrityError:
         if idempotency_key is None:
             raise
@@ -94,10 +91,11 @@ def run_create(
     return run, False
 
 
-def _dispatch_later(run: Run):
+def dispatch_later(run: Run):
+    """The on-commit hook that hands a queued run to a worker."""
     from runs import dispatch
 
-    return lambda: dispatch.run_queued(run_id=run.id, start_after=run.start_after)
+    return partial(dispatch.run_queued, run_id=run.id, start_after=run.start_after)
 
 
 def _clean_budget(budget: dict) -> dict:
@@ -179,17 +177,11 @@ def _request_end(*, run_id, action, reason, stop_code, actor, source) -> Control
         run = locked_run(run_id)
         if run.state == RunState.ENDED:
             return ControlResult(run, "ended")
-        pending = run.control if run.control and run.control.applied_at is None else None
+        pending = pending_intent(run)
         if pending is not None:
             return ControlResult(run, "live", pending)
-        intent = ControlIntent.objects.create(
-            run=run, action=action, reason=reason, stop_code=stop_code,
-            requested_by=actor, source=source,
-        )
-        run.control = intent
-        kind = EventKind.STOP_REQUESTED if action == ControlAction.STOP else EventKind.CANCEL_REQUESTED
-        record(run, kind, fields=("control",), actor=actor, source=source,
-               data={"reason": reason} if reason else {})
+        intent = record_intent(run, action=action, reason=reason, stop_code=stop_code,
+                               actor=actor, source=source)
         if run.state == RunState.RUNNING:
             transaction.on_commit(_deliver_later(run, intent), robust=True)
             return ControlResult(run, "live", intent)
@@ -200,7 +192,7 @@ def _request_end(*, run_id, action, reason, stop_code, actor, source) -> Control
 def _deliver_later(run: Run, intent: ControlIntent):
     from runs import dispatch
 
-    return lambda: dispatch.intent_recorded(run_id=run.id, intent_id=intent.pk)
+    return partial(dispatch.intent_recorded, run_id=run.id, intent_id=intent.pk)
 
 
 def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run:
@@ -223,7 +215,9 @@ def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run
         ticket.save(update_fields=["state", "resume_input", "closed_at", "closed_by"])
         run.ticket = None
         run.state = RunState.QUEUED
-        record(run, EventKind.RESUMED, fields=("ticket", "state"), actor=actor, source=source,
+        run.dispatched_at = ticket.closed_at
+        record(run, EventKind.RESUMED, fields=("ticket", "state", "dispatched_at"),
+               actor=actor, source=source,
                data={"ticket": str(ticket.pk)})
-        transaction.on_commit(_dispatch_later(run), robust=True)
+        transaction.on_commit(dispatch_later(run), robust=True)
     return run

@@ -1,0 +1,243 @@
+"""The executor: every attempt of a worker process runs on one event loop in one thread.
+
+A Celery task claims a run (``start``) and hands the attempt to the loop; the attempt then
+lives here, registered in the process's active-attempt registry, until it commits its end
+through the finish boundary. Database calls go to a small thread pool (each thread keeps
+its own connection), blocking tools to another. One renewal loop keeps every attempt's lease
+and picks up pending cancel or stop requests.
+"""
+
+import asyncio
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+from django.conf import settings
+from django.db import close_old_connections
+
+from runs import selectors, services
+from runs.agents import CATALOGUE
+from runs.runtime.agent import BudgetExceeded, Context, Interrupted, Paused
+from runs.runtime.registry import Entry, Registry
+from runs.runtime.token import CancellationToken, Why
+from runs.services import Ending, Fenced
+
+log = logging.getLogger(__name__)
+
+
+class Executor:
+    def __init__(self, *, node: str, lease_seconds: float | None = None,
+                 capacity: int | None = None, db_threads: int | None = None,
+                 tool_threads: int | None = None):
+        self.node = node
+        self.owner = f"{node}:{os.getpid()}"
+        self.lease_seconds = lease_seconds or settings.AWAKEN_LEASE_SECONDS
+        self.capacity = capacity or settings.AWAKEN_WORKER_CAPACITY
+        self.registry = Registry()
+        self.children: dict[tuple[str, int], list[asyncio.Task]] = {}
+        self.stats = {"started": 0, "tools_running": 0, "tools_abandoned": 0}
+        self._db = ThreadPoolExecutor(db_threads or settings.AWAKEN_DB_THREADS,
+                                      thread_name_prefix="awaken-db")
+        self._tools = ThreadPoolExecutor(tool_threads or 64, thread_name_prefix="awaken-tool")
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._serve, name="awaken-executor", daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        asyncio.set_event_loop(self.loop)
+        self.loop.create_task(self._renew_forever())
+        self.loop.run_forever()
+
+    # --- entry from the Celery task ----------------------------------------------------------
+
+    @property
+    def full(self) -> bool:
+        return len(self.registry) >= self.capacity
+
+    def start(self, run_id) -> bool:
+        """Claim ``run_id`` and run its attempt on the loop. False: nothing to claim."""
+        attempt = services.attempt_start(run_id=run_id, owner=self.owner,
+                                         lease_seconds=self.lease_seconds)
+        if attempt is None:
+            return False
+        self.stats["started"] += 1
+        asyncio.run_coroutine_threadsafe(
+            self._attempt(str(run_id), attempt.generation, CancellationToken()), self.loop)
+        return True
+
+    # --- one attempt ---------------------------------------------------------------------
+
+    async def db(self, fn, /, **kwargs):
+        return await self.loop.run_in_executor(self._db, partial(_call_db, fn, kwargs))
+
+    async def _attempt(self, run_id: str, generation: int, token: CancellationToken):
+        entry = Entry(run_id, generation, token, self.loop, nudge=asyncio.Event())
+        self.registry.register(entry)
+        timer = None
+        try:
+            view = await self.db(selectors.attempt_view, run_id=run_id, generation=generation)
+            ctx = Context(run_id=run_id, generation=generation, input=view.input,
+                          state=view.agent_state, resume=view.resume, token=token, host=self)
+            ctx.entry, ctx.view = entry, view
+            ctx.usage = {"steps": view.steps, "tokens": view.tokens}
+            if view.max_seconds is not None:
+                left = max(0.0, view.max_seconds - view.seconds_used)
+                timer = self.loop.call_later(left, token.cancel, Why(
+                    "budget", code="max_seconds",
+                    detail=f"Time budget of {view.max_seconds:g} s reached."))
+            ctx._check()  # a cancel that arrived before any work started
+            output = await CATALOGUE[view.agent]().run(ctx)
+            ctx._check()  # a cancel delivered while the agent returned wins over its result
+            await self.db(services.attempt_finish, run_id=run_id, generation=generation,
+                          ending=Ending.completed(output))
+        except Interrupted as stop:
+            await self._interrupted(run_id, generation, stop.why)
+        except BudgetExceeded as budget:
+            await self.db(services.attempt_stop_by_policy, run_id=run_id, generation=generation,
+                          code=budget.code, reason=budget.reason)
+        except (Paused, Fenced):
+            pass
+        except Exception as error:
+            log.info("run %s attempt %s failed", run_id, generation, exc_info=True)
+            await self._fail(run_id, generation, f"{type(error).__name__}: {error}")
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self.registry.unregister(run_id, generation)
+
+    async def _interrupted(self, run_id, generation, why: Why | None):
+        if why is None or why.kind == "fenced":
+            return  # a fenced attempt commits nothing
+        if why.kind == "budget":
+            await self.db(services.attempt_stop_by_policy, run_id=run_id, generation=generation,
+                          code=why.code, reason=why.detail)
+        else:
+            await self.db(services.attempt_interrupted, run_id=run_id, generation=generation,
+                          actor=why.actor, source=why.source)
+
+    async def _fail(self, run_id, generation, error: str):
+        try:
+            await self.db(services.attempt_finish, run_id=run_id, generation=generation,
+                          ending=Ending.failed(error[:2000]))
+        except Exception:
+            log.exception("run %s: could not record its failure", run_id)
+
+    # --- the host side of the agent interface -------------------------------------------------
+
+    async def before_step(self, ctx: Context) -> None:
+        ctx._check()
+        if ctx.entry.pause_requested.is_set():
+            await self.pause(ctx, reason="manual_pause", prompt=None)
+            raise Paused()
+        view = ctx.view
+        if view.max_steps is not None and ctx.usage["steps"] >= view.max_steps:
+            raise BudgetExceeded("max_steps", f"Step budget of {view.max_steps} reached.")
+        if view.max_tokens is not None and ctx.usage["tokens"] >= view.max_tokens:
+            raise BudgetExceeded("max_tokens", f"Token budget of {view.max_tokens} reached.")
+
+    async def commit_step(self, ctx: Context, *, tokens: int) -> None:
+        try:
+            run = await self.db(services.attempt_step, run_id=ctx.run_id,
+                                generation=ctx.generation, tokens=tokens, agent_state=ctx.state)
+        except Fenced:
+            ctx.token.cancel(Why("fenced"))
+            raise
+        ctx.usage = {"steps": run.steps, "tokens": run.tokens}
+
+    async def pause(self, ctx: Context, *, reason: str, prompt) -> None:
+        await self.db(services.attempt_pause, run_id=ctx.run_id, generation=ctx.generation,
+                      reason=reason, prompt=prompt, agent_state=ctx.state,
+                      actor=ctx.entry.pause_actor)
+
+    def run_sync_tool(self, fn, *args, **kwargs) -> asyncio.Future:
+        def call():
+            self.stats["tools_running"] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.stats["tools_running"] -= 1
+
+        future = self.loop.run_in_executor(self._tools, call)
+        future.add_done_callback(self._count_abandoned)
+        return future
+
+    def _count_abandoned(self, future: asyncio.Future) -> None:
+        if future.cancelled():
+            self.stats["tools_abandoned"] += 1
+
+    async def spawn(self, ctx: Context, agent: str, input: dict):
+        child, _ = await self.db(services.run_create, agent=agent, input=input,
+                                 parent_id=ctx.run_id, source="worker", dispatch=False)
+        attempt = await self.db(services.attempt_start, run_id=child.id, owner=self.owner,
+                                lease_seconds=self.lease_seconds)
+        if attempt is not None:
+            task = self.loop.create_task(
+                self._attempt(str(child.id), attempt.generation, ctx.token.child()))
+            self.children.setdefault((ctx.run_id, ctx.generation), []).append((child.id, task))
+        return child.id
+
+    async def wait_children(self, ctx: Context) -> list[dict]:
+        children = self.children.pop((ctx.run_id, ctx.generation), [])
+        tasks = [task for _, task in children]
+        if tasks:
+            # asyncio.wait, not gather: when the parent stops waiting (its own cancel), the
+            # children must go on to commit their ends, not be cancelled with the waiter.
+            await asyncio.wait(tasks)
+        return await self.db(selectors.run_ends, run_ids=[run_id for run_id, _ in children])
+
+    # --- leases ----------------------------------------------------------------------------
+
+    async def _renew_forever(self):
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            try:
+                await self.renew()
+            except Exception:
+                log.warning("lease renewal failed", exc_info=True)
+
+    async def renew(self) -> None:
+        """Renew every registered attempt's lease; fence the lost, cancel on pending intents.
+
+        The registry is read before the database: an attempt registered after this point
+        may have claimed its run after the read and must not be judged by it.
+        """
+        entries = self.registry.snapshot()
+        if not entries:
+            return
+        renewal = await self.db(services.attempt_renew, owner=self.owner,
+                                attempts=[(e.run_id, e.generation) for e in entries],
+                                lease_seconds=self.lease_seconds)
+        for entry in entries:
+            if (entry.run_id, entry.generation) not in renewal.renewed:
+                entry.token.cancel(Why("fenced"))
+                continue
+            intent = renewal.intents.get(entry.run_id)
+            if intent is not None and entry.token.cancel(
+                    Why("command", actor=intent.requested_by, source=intent.source)):
+                await self.db(services.intent_delivered, intent_id=intent.pk)
+
+
+def _call_db(fn, kwargs):
+    close_old_connections()
+    return fn(**kwargs)
+
+
+_executor: Executor | None = None
+_executor_lock = threading.Lock()
+
+
+def get_executor(node: str | None = None) -> Executor:
+    """This process's executor, started on first use."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            import socket
+
+            _executor = Executor(node=node or f"awaken@{socket.gethostname()}")
+        return _executor
+
+
+def current_executor() -> Executor | None:
+    return _executor
