@@ -22,7 +22,8 @@ def pytest_collection_modifyitems(config, items):
 def make_user(username: str, role: str | None = None, **extra) -> User:
     user = User.objects.create_user(username=username, password="pw-" + username, **extra)
     if role:
-        user.groups.add(Group.objects.get(name=role))
+        # get_or_create: a transactional test flushes the groups the migration made.
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
     return user
 
 
@@ -131,3 +132,52 @@ def gang():
     yield make
     for g in gangs:
         g.close()
+
+
+HAS_SERVICES = ON_POSTGRES and bool(settings.REDIS_URL)
+
+
+@pytest.fixture(scope="session")
+def worker(django_db_setup, django_db_blocker):
+    """A worker process shared by the execution tests (PostgreSQL and Redis only)."""
+    if not HAS_SERVICES:
+        pytest.skip("needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL)")
+    from tests.workers import Worker
+
+    with django_db_blocker.unblock():
+        process = Worker("shared")
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def spare_worker(django_db_blocker):
+    """A worker of one test's own, to kill or freeze."""
+    if not HAS_SERVICES:
+        pytest.skip("needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL)")
+    from tests.workers import Worker
+
+    started = []
+
+    def start(**kwargs):
+        with django_db_blocker.unblock():
+            started.append(Worker(**kwargs))
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+def wait_for(condition, timeout: float = 10.0, what: str = "condition"):
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)

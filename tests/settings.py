@@ -2,7 +2,12 @@
 
 import os
 
+import uuid
+
 os.environ.setdefault("SECRET_KEY", "tests-only-not-a-secret")
+# A queue of this test session's own: worker processes started by the tests inherit it, and
+# no message of an earlier session is ever picked up.
+os.environ.setdefault("AWAKEN_QUEUE", f"awaken-test-{uuid.uuid4().hex[:10]}")
 
 from awaken_site.settings import *  # noqa: E402,F403
 

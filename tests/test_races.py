@@ -18,6 +18,13 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 ROUNDS = 200
 
 
+@pytest.fixture(autouse=True)
+def no_worker_to_wait_for(settings):
+    # No worker runs here: live delivery of a recorded cancel finds nobody to answer, and
+    # the intent is what these tests are about. Do not wait the full second for silence.
+    settings.AWAKEN_DELIVERY_TIMEOUT = 0.01
+
+
 def check_run_history(run_id) -> Run:
     """SPEC §7.1: one terminal event, nothing after it, versions contiguous."""
     run = Run.objects.get(pk=run_id)

@@ -26,6 +26,8 @@ from runs.services import Ending, Fenced
 
 log = logging.getLogger(__name__)
 
+TOOL_THREADS = 64
+
 
 class Executor:
     def __init__(self, *, node: str, lease_seconds: float | None = None,
@@ -37,16 +39,17 @@ class Executor:
         self.capacity = capacity or settings.AWAKEN_WORKER_CAPACITY
         self.registry = Registry()
         self.children: dict[tuple[str, int], list[asyncio.Task]] = {}
-        self.stats = {"started": 0, "tools_running": 0, "tools_abandoned": 0}
+        self.stats = {"started": 0, "tools_abandoned": 0}
         self._db = ThreadPoolExecutor(db_threads or settings.AWAKEN_DB_THREADS,
                                       thread_name_prefix="awaken-db")
-        self._tools = ThreadPoolExecutor(tool_threads or 64, thread_name_prefix="awaken-tool")
+        self._tool_slots_size = tool_threads or TOOL_THREADS
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._serve, name="awaken-executor", daemon=True)
         self._thread.start()
 
     def _serve(self):
         asyncio.set_event_loop(self.loop)
+        self._tool_slots = asyncio.Semaphore(self._tool_slots_size)
         self.loop.create_task(self._renew_forever())
         self.loop.run_forever()
 
@@ -151,21 +154,31 @@ class Executor:
                       reason=reason, prompt=prompt, agent_state=ctx.state,
                       actor=ctx.entry.pause_actor)
 
-    def run_sync_tool(self, fn, *args, **kwargs) -> asyncio.Future:
+    async def run_sync_tool(self, fn, *args, **kwargs):
+        """Run a blocking tool in a daemon thread, at most ``TOOL_THREADS`` at once.
+
+        A thread cannot be killed: when the attempt stops waiting, the thread is abandoned
+        (counted, and still holding its slot until it returns); being a daemon, it never
+        holds up the worker's shutdown.
+        """
+        await self._tool_slots.acquire()
+        future = self.loop.create_future()
+
         def call():
-            self.stats["tools_running"] += 1
+            result, error = None, None
             try:
-                return fn(*args, **kwargs)
-            finally:
-                self.stats["tools_running"] -= 1
+                result = fn(*args, **kwargs)
+            except BaseException as raised:  # handed to the awaiting attempt
+                error = raised
+            self.loop.call_soon_threadsafe(_settle, future, result, error)
+            self.loop.call_soon_threadsafe(self._tool_slots.release)
 
-        future = self.loop.run_in_executor(self._tools, call)
-        future.add_done_callback(self._count_abandoned)
-        return future
-
-    def _count_abandoned(self, future: asyncio.Future) -> None:
-        if future.cancelled():
+        threading.Thread(target=call, name="awaken-tool", daemon=True).start()
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
             self.stats["tools_abandoned"] += 1
+            raise
 
     async def spawn(self, ctx: Context, agent: str, input: dict):
         child, _ = await self.db(services.run_create, agent=agent, input=input,
@@ -217,6 +230,15 @@ class Executor:
             if intent is not None and entry.token.cancel(
                     Why("command", actor=intent.requested_by, source=intent.source)):
                 await self.db(services.intent_delivered, intent_id=intent.pk)
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def _call_db(fn, kwargs):

@@ -1,0 +1,288 @@
+"""Runs executed by real ``celery worker`` processes on PostgreSQL and Redis (SPEC §4-6).
+
+Each test drives the system from outside, as a script would: the REST API and the sweeper,
+with workers started, killed or frozen as separate processes.
+"""
+
+import signal
+
+import pytest
+
+from runs import services, sweeper
+from runs.models import Event, EventKind, Run, RunState
+from tests.conftest import client_for, make_user, wait_for
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def api(db):
+    return client_for(make_user("olga", "operator"))
+
+
+def create(api, agent, input=None, **extra):
+    response = api.post("/api/runs/", {"agent": agent, "input": input or {}, **extra},
+                        format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()["id"]
+
+
+def run_of(run_id) -> Run:
+    return Run.objects.select_related("control").get(pk=run_id)
+
+
+def wait_state(run_id, state, timeout=10.0) -> Run:
+    return wait_for(lambda: (lambda r: r if r.state == state else None)(run_of(run_id)),
+                    timeout, f"run {run_id} to be {state}")
+
+
+def ended_events(run_id) -> list:
+    return list(Event.objects.filter(run_id=run_id, kind=EventKind.ENDED))
+
+
+def assert_one_clean_end(run_id):
+    events = list(Event.objects.filter(run_id=run_id).order_by("seq"))
+    assert [e.kind for e in events].count("ended") == 1
+    assert events[-1].kind == "ended", [e.kind for e in events]
+    assert [e.version for e in events] == list(range(1, len(events) + 1))
+
+
+def test_a_run_executes_to_completion(worker, api):
+    run_id = create(api, "demo.steps", {"steps": 3, "step_seconds": 0.05, "output": {"ok": 1}})
+    run = wait_state(run_id, RunState.ENDED)
+    assert (run.end_cause, run.output, run.steps, run.tokens, run.generation) == (
+        "completed", {"ok": 1}, 3, 300, 1)
+    assert run.attempts.get().owner.startswith(worker.node + ":")
+    assert_one_clean_end(run_id)
+
+
+@pytest.mark.parametrize("agent", ["demo.hang", "demo.hang_tool"])
+def test_live_cancel_ends_a_hung_attempt_at_once(worker, api, agent):
+    run_id = create(api, agent)
+    wait_state(run_id, RunState.RUNNING)
+    response = api.post(f"/api/runs/{run_id}/cancel/", {"reason": "stuck"}, format="json")
+    assert response.status_code == 200, response.json()
+    body = response.json()
+    assert (body["state"], body["end_cause"]) == ("ended", "cancelled")
+    assert body["control"]["delivered_at"] is not None
+    assert body["control"]["applied_at"] is not None
+    assert_one_clean_end(run_id)
+
+
+def test_stop_of_a_running_run_keeps_its_reason(worker, api):
+    run_id = create(api, "demo.hang_tool")
+    wait_state(run_id, RunState.RUNNING)
+    body = api.post(f"/api/runs/{run_id}/stop/", {"reason": "operator halt"},
+                    format="json").json()
+    assert (body["end_cause"], body["stop_code"], body["stop_reason"]) == (
+        "stopped", "operator", "operator halt")
+
+
+def test_a_late_result_is_never_committed(worker, api):
+    run_id = create(api, "demo.late", {"late_seconds": 0.5})
+    wait_state(run_id, RunState.RUNNING)
+    assert api.post(f"/api/runs/{run_id}/cancel/", {}, format="json").json()["end_cause"] == (
+        "cancelled")
+    # Wait until the abandoned provider has certainly answered (its own clock, not ours):
+    # the worker's event log shows nothing committed after the end.
+    import time
+
+    time.sleep(0.8)  # the provider's late_seconds, plus margin; nothing to poll for
+    run = run_of(run_id)
+    assert run.output is None and run.end_cause == "cancelled"
+    assert_one_clean_end(run_id)
+
+
+def test_pause_then_resume_continues_from_the_checkpoint(worker, api):
+    run_id = create(api, "demo.steps", {"steps": 6, "step_seconds": 0.1})
+    wait_for(lambda: run_of(run_id).steps >= 1, what="a first step")
+    paused = api.post(f"/api/runs/{run_id}/pause/?wait=10", format="json")
+    assert paused.status_code == 200, paused.json()
+    body = paused.json()
+    assert body["state"] == "awaiting" and body["ticket"]["reason"] == "manual_pause"
+    steps_at_pause = body["usage"]["steps"]
+    resumed = api.post(f"/api/runs/{run_id}/resume/", {"ticket": body["ticket"]["id"]},
+                       format="json")
+    assert resumed.status_code == 200
+    run = wait_state(run_id, RunState.ENDED)
+    assert (run.end_cause, run.generation, run.steps) == ("completed", 2, 6)
+    # The second attempt continued: it committed only the steps the first one had not.
+    second = Event.objects.filter(run_id=run_id, kind=EventKind.STEP, generation=2).count()
+    assert second == 6 - steps_at_pause
+    assert_one_clean_end(run_id)
+
+
+def test_approval_waits_for_its_answer(worker, api):
+    run_id = create(api, "demo.approval", {"step_seconds": 0.05})
+    run = wait_state(run_id, RunState.AWAITING)
+    ticket = run.ticket_id
+    api.post(f"/api/runs/{run_id}/resume/", {"ticket": str(ticket), "input": {"approved": False}},
+             format="json")
+    run = wait_state(run_id, RunState.ENDED)
+    assert run.end_cause == "failed" and "not approved" in run.error
+
+
+def test_cancel_racing_natural_completion_ends_exactly_once(worker, api):
+    import random
+
+    rng = random.Random(3)
+    for _ in range(15):
+        run_id = create(api, "demo.steps", {"steps": 2, "step_seconds": 0.03})
+        wait_for(lambda: run_of(run_id).state != RunState.QUEUED, what="a start")
+        import time
+
+        time.sleep(rng.uniform(0, 0.08))  # a random moment within the run's life
+        api.post(f"/api/runs/{run_id}/cancel/?wait=10", {}, format="json")
+        run = wait_state(run_id, RunState.ENDED)
+        assert run.end_cause in ("completed", "cancelled")
+        # A cancel that came after the end wrote nothing; one that came before was applied.
+        assert run.control is None or run.control.applied_at is not None
+        assert_one_clean_end(run_id)
+
+
+@pytest.mark.parametrize("budget, input, code", [
+    ({"max_steps": 2}, {"steps": 5, "step_seconds": 0.01}, "max_steps"),
+    ({"max_tokens": 150}, {"steps": 5, "step_seconds": 0.01}, "max_tokens"),
+    ({"max_seconds": 0.3}, {"steps": 100, "step_seconds": 0.05}, "max_seconds"),
+])
+def test_each_budget_stops_the_run_with_its_code(worker, api, budget, input, code):
+    run_id = create(api, "demo.steps", input, budget=budget)
+    run = wait_state(run_id, RunState.ENDED)
+    assert (run.end_cause, run.stop_code) == ("stopped", code)
+    assert run.stop_reason and run.control.source == "policy"
+    if code == "max_steps":
+        assert run.steps == 2
+    if code == "max_tokens":
+        assert run.steps == 2 and run.tokens == 200
+
+
+def test_max_seconds_interrupts_a_hung_await(worker, api):
+    run_id = create(api, "demo.hang", budget={"max_seconds": 0.2})
+    run = wait_state(run_id, RunState.ENDED)
+    assert (run.end_cause, run.stop_code) == ("stopped", "max_seconds")
+
+
+def test_cancelling_a_parent_cancels_its_children(worker, api):
+    parent = create(api, "demo.parent", {"children": 2, "child_agent": "demo.hang"})
+    children = wait_for(lambda: (lambda ids: ids if len(ids) == 2 and all(
+        run_of(c).state == RunState.RUNNING for c in ids) else None)(
+        list(Run.objects.filter(parent_id=parent).values_list("id", flat=True))),
+        what="two running children")
+    assert api.post(f"/api/runs/{parent}/cancel/", {}, format="json").json()["end_cause"] == (
+        "cancelled")
+    for child in children:
+        assert wait_state(child, RunState.ENDED).end_cause == "cancelled"
+
+
+def test_cancelling_a_child_leaves_its_parent_running(worker, api):
+    parent = create(api, "demo.parent", {"children": 2, "child_agent": "demo.hang"})
+    children = wait_for(lambda: (lambda ids: ids if len(ids) == 2 and all(
+        run_of(c).state == RunState.RUNNING for c in ids) else None)(
+        list(Run.objects.filter(parent_id=parent).values_list("id", flat=True))),
+        what="two running children")
+    assert api.post(f"/api/runs/{children[0]}/cancel/", {}, format="json").json()[
+        "end_cause"] == "cancelled"
+    assert run_of(parent).state == RunState.RUNNING
+    assert run_of(children[1]).state == RunState.RUNNING
+    api.post(f"/api/runs/{parent}/cancel/", {}, format="json")
+    wait_state(children[1], RunState.ENDED)
+
+
+def test_deliver_reaches_only_a_live_attempt(worker, api):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    later = (timezone.now() + timedelta(hours=1)).isoformat()
+    queued = create(api, "demo.steps", start_after=later)
+    response = api.post(f"/api/runs/{queued}/deliver/", {"command": "cancel"}, format="json")
+    assert response.status_code == 409 and response.json()["code"] == "not_active"
+    assert run_of(queued).state == RunState.QUEUED and run_of(queued).control is None
+
+    running = create(api, "demo.hang")
+    wait_state(running, RunState.RUNNING)
+    response = api.post(f"/api/runs/{running}/deliver/", {"command": "cancel"}, format="json")
+    assert response.json() == {"delivered": True, "generation": 1}
+    run = wait_state(running, RunState.ENDED)
+    assert run.end_cause == "cancelled" and run.control is None  # live only: no intent
+    assert ended_events(running)[0].actor == "olga"
+
+
+def test_pause_of_a_run_that_is_not_running_is_not_active(worker, api):
+    run_id = create(api, "demo.steps")
+    api.post(f"/api/runs/{run_id}/cancel/", {}, format="json")
+    response = api.post(f"/api/runs/{run_id}/pause/", format="json")
+    assert response.status_code == 409 and response.json()["code"] == "not_active"
+
+
+# --- workers that die --------------------------------------------------------------------
+
+
+def sweep_until(predicate, timeout: float, what: str):
+    return wait_for(lambda: (sweeper.sweep(), predicate())[1], timeout, what)
+
+
+def start_on(process, agent, input=None) -> str:
+    run, _ = services.run_create(agent=agent, input=input or {}, dispatch=False)
+    process.take(run.id)
+    return str(run.id)
+
+
+def test_a_killed_workers_run_is_requeued_and_completed_elsewhere(worker, spare_worker,
+                                                                  settings):
+    settings.AWAKEN_LEASE_SECONDS = 1.5
+    doomed = spare_worker(lease_seconds=1.5, private=True)
+    run_id = start_on(doomed, "demo.steps", {"steps": 40, "step_seconds": 0.05})
+    wait_for(lambda: run_of(run_id).steps >= 2, what="the doomed worker's steps")
+    assert run_of(run_id).attempts.get().owner.startswith(doomed.node + ":")
+    doomed.kill()
+    sweep_until(lambda: run_of(run_id).generation == 2, 8, "a second attempt")
+    run = wait_state(run_id, RunState.ENDED, timeout=15)
+    assert (run.end_cause, run.generation, run.crash_retries, run.steps) == (
+        "completed", 2, 1, 40)
+    assert run.attempts.get(generation=2).owner.startswith(worker.node + ":")
+    kinds = list(Event.objects.filter(run_id=run_id).values_list("kind", flat=True))
+    assert "requeued" in kinds
+    assert_one_clean_end(run_id)
+
+
+def test_a_cancel_accepted_while_the_worker_is_dead_is_applied(spare_worker, api, settings):
+    settings.AWAKEN_LEASE_SECONDS = 1.5
+    doomed = spare_worker(lease_seconds=1.5, private=True)
+    run_id = start_on(doomed, "demo.hang")
+    wait_state(run_id, RunState.RUNNING)
+    doomed.kill()
+    response = api.post(f"/api/runs/{run_id}/cancel/?wait=0", {}, format="json")
+    assert response.status_code == 202
+    assert response.json()["control"]["delivered_at"] is None
+    sweep_until(lambda: run_of(run_id).state == RunState.ENDED, 8, "the lease to expire")
+    run = run_of(run_id)
+    assert run.end_cause == "cancelled" and run.control.applied_at is not None
+    assert_one_clean_end(run_id)
+
+
+def test_a_frozen_attempt_is_fenced_after_a_reclaim(worker, spare_worker, settings):
+    settings.AWAKEN_LEASE_SECONDS = 1.5
+    frozen = spare_worker(lease_seconds=1.5, private=True)
+    run_id = start_on(frozen, "demo.steps", {"steps": 30, "step_seconds": 0.05})
+    wait_for(lambda: run_of(run_id).steps >= 1, what="a first step")
+    frozen.signal(signal.SIGSTOP)
+    try:
+        sweep_until(lambda: run_of(run_id).generation == 2, 8, "a reclaim")
+    finally:
+        frozen.signal(signal.SIGCONT)  # generation 1 wakes up holding nothing
+    run = wait_state(run_id, RunState.ENDED, timeout=15)
+    assert (run.end_cause, run.generation) == ("completed", 2)
+    requeued = Event.objects.get(run_id=run_id, kind=EventKind.REQUEUED)
+    # Nothing of generation 1 was committed after the reclaim.
+    assert not Event.objects.filter(run_id=run_id, generation=1, seq__gt=requeued.seq).exists()
+    assert_one_clean_end(run_id)
+
+
+def test_a_lost_dispatch_is_sent_again(worker, api, settings):
+    settings.AWAKEN_LEASE_SECONDS = 0.5
+    run, _ = services.run_create(agent="demo.steps", input={"steps": 1, "step_seconds": 0.01},
+                                 dispatch=False)
+    Run.objects.filter(pk=run.id).update(dispatched_at=run.created_at)  # "sent", then lost
+    sweep_until(lambda: run_of(run.id).state == RunState.ENDED, 10, "the re-dispatch")
+    assert run_of(run.id).end_cause == "completed"
