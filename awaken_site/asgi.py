@@ -1,4 +1,5 @@
 import os
+import sys
 
 from django.core.asgi import get_asgi_application
 
@@ -6,5 +7,12 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "awaken_site.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
+
+from runs import broadcast  # noqa: E402
+
+# Under daphne, publish on the server's own loop: the in-memory channel layer (the embedded
+# default) is bound to the loop its consumers wait on.
+if "daphne.server" in sys.modules:
+    broadcast.publisher.bind(sys.modules["daphne.server"].twisted_loop)
 
 application = ProtocolTypeRouter({"http": django_asgi_app})

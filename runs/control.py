@@ -4,7 +4,17 @@ It runs in the worker's main process, where the executor and its registry live, 
 answers whether the named attempt took the command.
 """
 
+from celery.signals import worker_init
 from celery.worker.control import control_command
+
+# The node name this process's worker answers to: the destination of live commands.
+node_name: str | None = None
+
+
+@worker_init.connect
+def remember_node_name(sender, **kwargs):
+    global node_name
+    node_name = sender.hostname
 
 
 @control_command(

@@ -15,7 +15,7 @@ def execute(self, run_id: str) -> None:
     """
     from runs.runtime.executor import get_executor
 
-    executor = get_executor(node=self.request.hostname)
+    executor = get_executor(node=control.node_name or self.request.hostname)
     if executor.full:
         raise self.retry(countdown=1)
     try:

@@ -85,7 +85,10 @@ class Context:
 
     async def race(self, awaitable: Awaitable):
         """The awaitable's result, or Interrupted as soon as the token is cancelled."""
-        self._check()
+        if self.token.cancelled:
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()  # never started, so never to be awaited
+            raise Interrupted(self.token.why)
         work = asyncio.ensure_future(awaitable)
         cancelled = self.token.wait()
         try:

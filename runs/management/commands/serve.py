@@ -1,28 +1,43 @@
-"""Run the whole system in one process on the embedded defaults (``make run``)."""
+"""Run the whole system in one process (``make run``): web, a worker and the sweeper.
 
+The code paths are the production ones; only the transports differ when nothing else is
+configured: the in-memory broker and channel layer, which live in this one process.
+"""
+
+import logging
 import secrets
+import socket
+import threading
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 
+log = logging.getLogger(__name__)
+
 
 class Command(BaseCommand):
-    help = "Serve the site with daphne; on first start, create an 'admin' operator."
+    help = "Serve the site with daphne, an in-process worker and the sweeper."
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--concurrency", type=int, default=4,
+                            help="Worker threads taking tasks (attempts run on one loop).")
 
-    def handle(self, host, port, **options):
+    def handle(self, host, port, concurrency, **options):
         self.ensure_admin()
         from channels.routing import get_default_application
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
 
-        self.stdout.write(f"awaken-site on http://{host}:{port}/")
+        application = get_default_application()
+        start_worker(concurrency)
+        start_sweeper()
+        self.stdout.write(f"awaken-site on http://{host}:{port}/", self.style.SUCCESS)
         Server(
-            application=get_default_application(),
+            application=application,
             endpoints=build_endpoint_description_strings(host=host, port=port),
             verbosity=0,
         ).run()
@@ -33,5 +48,39 @@ class Command(BaseCommand):
             return
         password = secrets.token_urlsafe(12)
         user = User.objects.create_superuser("admin", password=password)
-        user.groups.add(Group.objects.get(name="operator"))
+        user.groups.add(Group.objects.get_or_create(name="operator")[0])
         self.stdout.write(f"Created operator 'admin' with password: {password}")
+
+
+def start_worker(concurrency: int) -> threading.Thread:
+    """A Celery worker in a thread of this process (no signal handlers of its own)."""
+    from celery.worker import WorkController
+
+    from awaken_site.celery import app
+
+    worker = WorkController(
+        app=app, hostname=f"embedded@{socket.gethostname()}", pool_cls="threads",
+        concurrency=concurrency, queues=[settings.CELERY_TASK_DEFAULT_QUEUE],
+        without_mingle=True, without_gossip=True, without_heartbeat=True, loglevel="INFO",
+    )
+    thread = threading.Thread(target=worker.start, name="embedded-worker", daemon=True)
+    thread.start()
+    return thread
+
+
+def start_sweeper() -> threading.Thread:
+    from runs import sweeper
+
+    interval = max(1.0, settings.AWAKEN_LEASE_SECONDS / 3)
+    stop = threading.Event()
+
+    def loop():
+        while not stop.wait(interval):
+            try:
+                sweeper.sweep()
+            except Exception:
+                log.warning("sweep failed", exc_info=True)
+
+    thread = threading.Thread(target=loop, name="embedded-sweeper", daemon=True)
+    thread.start()
+    return thread
