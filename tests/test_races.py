@@ -19,9 +19,11 @@ ROUNDS = 200
 
 
 @pytest.fixture(autouse=True)
-def no_worker_to_wait_for(settings):
-    # No worker runs here: live delivery of a recorded cancel finds nobody to answer, and
-    # the intent is what these tests are about. Do not wait the full second for silence.
+def threads_are_the_only_actors(settings, monkeypatch):
+    # The threads below play every part, the attempts included: no queued run may reach a
+    # worker process another test started, and a live delivery finds nobody to answer
+    # (the recorded intent is what these tests are about), so do not wait a second for it.
+    monkeypatch.setattr("runs.dispatch.run_queued", lambda **kwargs: None)
     settings.AWAKEN_DELIVERY_TIMEOUT = 0.01
 
 
