@@ -123,8 +123,14 @@ def _database() -> dict:
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     elif config["ENGINE"] == "django.db.backends.postgresql":
-        config["CONN_MAX_AGE"] = envnumber("CONN_MAX_AGE", "60", minimum=0)
-        config["CONN_HEALTH_CHECKS"] = True
+        # A connection pool, not persistent connections: under ASGI every request runs in a
+        # thread of its own, and a per-thread connection would be a new one per request.
+        config["CONN_MAX_AGE"] = 0
+        config["OPTIONS"] = {"pool": {
+            "min_size": envnumber("DB_POOL_MIN", "2", minimum=0),
+            "max_size": envnumber("DB_POOL_MAX", "20", minimum=1),
+            "timeout": 10,
+        }}
     else:
         raise ImproperlyConfigured(f"DATABASE_URL must be sqlite:// or postgres://, not {url!r}")
     return config
