@@ -204,16 +204,13 @@ REDIS_URL = os.getenv("REDIS_URL", "")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {
-                # redis-py 8 reads with a 5 s socket timeout by default, which cuts the
-                # layer's 5 s blocking BZPOPMIN short (django/channels_redis#422).
-                "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
-                # Past capacity a channel drops messages silently; clients heal with
-                # "resume after seq", but size it well above a burst.
-                "capacity": 5000,
-                "expiry": 30,
-            },
+            # Redis pub/sub: a group message reaches each process once and fans out there,
+            # with no per-channel capacity to overflow. Every process must use this same
+            # layer: the core and pub/sub layers do not talk to each other.
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            # redis-py 8 reads with a 5 s socket timeout by default (django/channels_redis#422);
+            # this layer reads in 0.1 s slices, so the explicit value only bounds a dead link.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
         }
     }
 else:

@@ -25,7 +25,8 @@ def run_group(run_id) -> str:
 def run_changed(*, run, event) -> None:
     from runs.api.serializers import change_message
 
-    publisher.send((run_group(run.id), RUNS_GROUP), change_message(run=run, event=event))
+    # The list group first: it feeds the waiting API calls as well as the dashboards.
+    publisher.send((RUNS_GROUP, run_group(run.id)), change_message(run=run, event=event))
 
 
 class Publisher:
@@ -73,6 +74,30 @@ class Publisher:
 publisher = Publisher()
 
 
+class Watch:
+    """The newest committed snapshot of one run pushed since the watch began."""
+
+    def __init__(self):
+        self._changed = threading.Event()
+        self._lock = threading.Lock()
+        self.run: dict | None = None
+
+    def offer(self, run: dict) -> None:
+        with self._lock:
+            # Pushes can arrive out of order; never step back to an older version.
+            if self.run is None or run["version"] > self.run["version"]:
+                self.run = run
+        self._changed.set()
+
+    def next(self, timeout: float) -> dict | None:
+        """Wait up to ``timeout`` for a push; the newest snapshot, or None on time-out."""
+        if not self._changed.wait(timeout):
+            return None
+        self._changed.clear()
+        with self._lock:
+            return self.run
+
+
 class Watchers:
     """Wakes threads of this process that wait for a run to change.
 
@@ -91,27 +116,27 @@ class Watchers:
 
     @contextmanager
     def watch(self, run_id):
-        """``with watchers.watch(run_id) as changed:`` then ``changed.wait(timeout)``."""
+        """``with watchers.watch(run_id) as watch:`` then ``watch.next(timeout)``."""
         self._ensure_subscribed()
-        changed = threading.Event()
+        watch = Watch()
         key = str(run_id)
         with self._lock:
-            self._by_run.setdefault(key, set()).add(changed)
+            self._by_run.setdefault(key, set()).add(watch)
         try:
-            yield changed
+            yield watch
         finally:
             with self._lock:
                 waiting = self._by_run.get(key)
                 if waiting is not None:
-                    waiting.discard(changed)
+                    waiting.discard(watch)
                     if not waiting:
                         del self._by_run[key]
 
-    def notify(self, run_id) -> None:
+    def notify(self, run: dict) -> None:
         with self._lock:
-            waiting = list(self._by_run.get(str(run_id), ()))
-        for event in waiting:
-            event.set()
+            waiting = list(self._by_run.get(str(run["id"]), ()))
+        for watch in waiting:
+            watch.offer(run)
 
     def _ensure_subscribed(self) -> None:
         if get_channel_layer() is None:
@@ -144,7 +169,7 @@ class Watchers:
                 await asyncio.sleep(1)
                 continue
             if message.get("type") == "run.changed":
-                self.notify(message["run"]["id"])
+                self.notify(message["run"])
 
 
 watchers = Watchers()

@@ -9,7 +9,6 @@ import logging
 
 from django.utils import timezone
 
-from runs.models import ControlIntent
 from runs.services.errors import NotActive
 
 log = logging.getLogger(__name__)
@@ -23,13 +22,12 @@ def run_queued(*, run_id, start_after=None) -> None:
     execute.apply_async(args=[str(run_id)], eta=eta)
 
 
-def intent_recorded(*, run_id, intent_id) -> None:
+def intent_recorded(*, run_id, intent_id, actor: str, source: str) -> None:
     """A cancel or stop of a running run was recorded: tell its attempt now."""
     from runs import live
 
-    intent = ControlIntent.objects.filter(pk=intent_id).values("requested_by", "source").first()
     try:
-        live.deliver(run_id=run_id, command="cancel", actor=intent["requested_by"],
-                     source=intent["source"], intent_id=intent_id)
+        live.deliver(run_id=run_id, command="cancel", actor=actor, source=source,
+                     intent_id=intent_id)
     except NotActive:
         log.info("run %s: cancel not taken live; it waits for renewal or lease expiry", run_id)

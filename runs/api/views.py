@@ -55,10 +55,10 @@ def actor(request) -> str:
     return request.user.get_username()
 
 
-def control_response(run) -> Response:
+def control_response(run: dict) -> Response:
     """200 with the committed terminal state, or 202 while the request is still pending."""
-    code = status.HTTP_200_OK if run.state == RunState.ENDED else status.HTTP_202_ACCEPTED
-    return Response(s.RunSerializer(run).data, status=code)
+    code = status.HTTP_200_OK if run["state"] == RunState.ENDED else status.HTTP_202_ACCEPTED
+    return Response(run, status=code)
 
 
 class OperatorPostMixin:
@@ -218,8 +218,8 @@ class RunPauseView(ControlView):
         live.deliver(run_id=run_id, command="pause", actor=actor(request),
                      source=source(request))
         run = waiting.wait_until_not_running(run_id, wait)
-        code = status.HTTP_202_ACCEPTED if run.state == RunState.RUNNING else status.HTTP_200_OK
-        return Response(s.RunSerializer(run).data, status=code)
+        code = status.HTTP_202_ACCEPTED if run["state"] == RunState.RUNNING else status.HTTP_200_OK
+        return Response(run, status=code)
 
 
 class RunDeliverView(ControlView):
