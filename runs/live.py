@@ -3,7 +3,6 @@
 from django.conf import settings
 
 from runs import services
-from runs.models import Attempt, AttemptState
 from runs.services import NotActive
 
 
@@ -12,23 +11,22 @@ def owner_node(owner: str) -> str:
     return owner.rsplit(":", 1)[0]
 
 
-def deliver(*, run_id, command: str, actor: str | None = None, source: str | None = None,
-            intent_id=None) -> int:
-    """Deliver a live command to the run's live attempt; returns its generation.
+def deliver(*, run_id, generation: int, owner: str | None, command: str,
+            actor: str | None = None, source: str | None = None, intent_id=None) -> int:
+    """Deliver a live command to attempt ``generation`` held by ``owner`` (the run's claim as
+    committed); returns the generation.
 
-    Raises NotActive when there is no live attempt or its owner does not take the command
+    Raises NotActive when nothing holds the claim or its owner does not take the command
     (another generation, a finished attempt, a worker that is gone). Nothing is retried.
     """
     from awaken_site.celery import app
 
-    attempt = (Attempt.objects.filter(run_id=run_id, state=AttemptState.LIVE)
-               .values("generation", "owner").first())
-    if attempt is None:
+    if owner is None:
         raise NotActive(f"Run {run_id} has no live attempt.")
-    node = owner_node(attempt["owner"])
+    node = owner_node(owner)
     replies = app.control.broadcast(
         "awaken_deliver",
-        arguments={"run_id": str(run_id), "generation": attempt["generation"],
+        arguments={"run_id": str(run_id), "generation": generation,
                    "command": command, "actor": actor, "source": source},
         destination=[node], reply=True, limit=1, timeout=settings.AWAKEN_DELIVERY_TIMEOUT,
     ) or []
@@ -36,4 +34,4 @@ def deliver(*, run_id, command: str, actor: str | None = None, source: str | Non
         raise NotActive(f"The attempt of run {run_id} did not take the {command}.")
     if intent_id is not None:
         services.intent_delivered(intent_id=intent_id)
-    return attempt["generation"]
+    return generation

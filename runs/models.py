@@ -65,6 +65,13 @@ class Run(models.Model):
     generation = models.PositiveIntegerField(
         default=0, help_text="Generation of the newest attempt; 0 until the first one starts."
     )
+    owner = models.CharField(
+        max_length=255, null=True, blank=True,
+        help_text="The claim: worker node and pid of the live attempt; set exactly while running.",
+    )
+    claimed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the live attempt claimed the run."
+    )
     ticket = models.OneToOneField(
         "ResumeTicket",
         null=True,
@@ -157,6 +164,14 @@ class Run(models.Model):
             models.CheckConstraint(
                 condition=Q(error__isnull=True) | Q(end_cause=EndCause.FAILED),
                 name="runs_run_error_only_if_failed",
+            ),
+            # No run is running without a named owner (live delivery addresses it).
+            models.CheckConstraint(
+                condition=(
+                    Q(state=RunState.RUNNING, owner__isnull=False, claimed_at__isnull=False)
+                    | (~Q(state=RunState.RUNNING) & Q(owner__isnull=True, claimed_at__isnull=True))
+                ),
+                name="runs_run_claim_iff_running",
             ),
             # Create with Idempotency-Key looks the key up per user (runs.services.run_create).
             models.UniqueConstraint(

@@ -50,7 +50,8 @@ class RunSerializer(serializers.ModelSerializer):
         model = Run
         fields = [
             "id", "agent", "input", "thread_id", "parent_id", "state", "end_cause",
-            "stop_code", "stop_reason", "error", "output", "generation", "ticket", "control",
+            "stop_code", "stop_reason", "error", "output", "generation", "owner", "ticket",
+            "control",
             "budget", "usage", "version", "start_after", "created_at", "started_at",
             "ended_at", "updated_at",
         ]

@@ -213,11 +213,11 @@ class RunPauseView(ControlView):
                    responses={200: s.RunSerializer, 202: s.RunSerializer, **ERRORS})
     def post(self, request, run_id):
         """Pause a running run at its next step boundary: 200 once awaiting with a ticket."""
-        run_id = selectors.parse_run_id(run_id)
+        run = selectors.run_get(run_id)
         wait = wait_param(request)
-        live.deliver(run_id=run_id, command="pause", actor=actor(request),
-                     source=source(request))
-        run = waiting.wait_until_not_running(run_id, wait)
+        live.deliver(run_id=run.id, generation=run.generation, owner=run.owner,
+                     command="pause", actor=actor(request), source=source(request))
+        run = waiting.wait_until_not_running(run.id, wait)
         code = status.HTTP_202_ACCEPTED if run["state"] == RunState.RUNNING else status.HTTP_200_OK
         return Response(run, status=code)
 
@@ -226,9 +226,9 @@ class RunDeliverView(ControlView):
     @extend_schema(request=s.DeliverSerializer, responses={200: s.DeliveredSerializer, **ERRORS})
     def post(self, request, run_id):
         """Live only: no intent is written and nothing durable happens if it is NotActive."""
-        run_id = selectors.parse_run_id(run_id)
+        run = selectors.run_get(run_id)
         data = validated(s.DeliverSerializer, request)
-        selectors.run_get(run_id)  # 404 before 409
-        generation = live.deliver(run_id=run_id, command=data["command"], actor=actor(request),
+        generation = live.deliver(run_id=run.id, generation=run.generation, owner=run.owner,
+                                  command=data["command"], actor=actor(request),
                                   source=source(request))
         return Response({"delivered": True, "generation": generation})

@@ -28,12 +28,12 @@ from runs.models import (
 )
 from runs.services.core import (
     Ending,
-    close_live_attempt,
     finish,
     locked_run,
     pending_intent,
     record,
     record_intent,
+    release_claim,
 )
 from runs.services.runs import dispatch_later
 from runs.services.errors import Fenced
@@ -53,13 +53,15 @@ def attempt_start(*, run_id, owner: str, lease_seconds: float) -> Attempt | None
         run.state = RunState.RUNNING
         run.generation += 1
         run.started_at = run.started_at or now
+        run.owner, run.claimed_at = owner, now
         attempt = Attempt.objects.create(
             run=run,
             generation=run.generation,
             owner=owner,
             lease_expires_at=now + timedelta(seconds=lease_seconds),
         )
-        record(run, EventKind.STARTED, fields=("state", "generation", "started_at"),
+        record(run, EventKind.STARTED,
+               fields=("state", "generation", "started_at", "owner", "claimed_at"),
                actor=owner, source="worker", data={"owner": owner})
     return attempt
 
@@ -98,15 +100,14 @@ def attempt_pause(*, run_id, generation: int, reason: str = TicketReason.MANUAL_
             finish(run, Ending.from_intent(intent), generation=generation,
                    actor=intent.requested_by, source=intent.source)
             return None
-        now = timezone.now()
-        run.seconds_used += close_live_attempt(run, "paused", now=now)
+        released = release_claim(run, CloseReason.PAUSED, now=timezone.now())
         ticket = ResumeTicket.objects.create(
             run=run, generation=generation, reason=reason, prompt=prompt
         )
         run.state = RunState.AWAITING
         run.ticket = ticket
         run.agent_state = agent_state if agent_state is not None else run.agent_state
-        record(run, EventKind.PAUSED, fields=("state", "ticket", "seconds_used", "agent_state"),
+        record(run, EventKind.PAUSED, fields=("state", "ticket", "agent_state", *released),
                actor=actor, source=source, data={"ticket": str(ticket.pk), "reason": reason})
     return ticket
 
@@ -211,12 +212,12 @@ def attempt_expire(*, run_id, generation: int, max_crash_retries: int) -> str | 
         if run.crash_retries >= max_crash_retries:
             finish(run, Ending.failed("worker lost"), source="worker")
             return "failed"
-        run.seconds_used += close_live_attempt(run, CloseReason.LOST, now=now)
+        released = release_claim(run, CloseReason.LOST, now=now)
         run.crash_retries += 1
         run.state = RunState.QUEUED
         run.dispatched_at = now
-        record(run, EventKind.REQUEUED, fields=("seconds_used", "crash_retries", "state",
-                                                 "dispatched_at"),
+        record(run, EventKind.REQUEUED, fields=("crash_retries", "state", "dispatched_at",
+                                                 *released),
                source="worker", data={"lost_generation": generation,
                                       "crash_retries": run.crash_retries})
         transaction.on_commit(dispatch_later(run), robust=True)

@@ -156,8 +156,7 @@ def finish(
     now = timezone.now()
     fields = ["state", "end_cause", "ended_at"]
     if run.state == RunState.RUNNING:
-        fields.append("seconds_used")
-        run.seconds_used += close_live_attempt(run, ending.cause, now=now)
+        fields += release_claim(run, ending.cause, now=now)
     if run.ticket is not None:
         run.ticket.state = TicketState.REVOKED
         run.ticket.closed_at = now
@@ -188,14 +187,14 @@ def finish(
     return True
 
 
-def close_live_attempt(run: Run, reason: str, *, now) -> float:
-    """Close the run's live attempt; returns the seconds it ran (0 if there was none)."""
-    attempt = (
-        Attempt.objects.filter(run=run, state=AttemptState.LIVE).only("id", "started_at").first()
-    )
-    if attempt is None:
-        return 0.0
-    Attempt.objects.filter(pk=attempt.pk).update(
+def release_claim(run: Run, reason: str, *, now) -> list[str]:
+    """Close the run's live attempt and clear its claim; returns the run fields changed.
+
+    The attempt's running time is added to the run's ``seconds_used``.
+    """
+    Attempt.objects.filter(run=run, state=AttemptState.LIVE).update(
         state=AttemptState.CLOSED, close_reason=CloseReason(reason), closed_at=now
     )
-    return max(0.0, (now - attempt.started_at).total_seconds())
+    run.seconds_used += max(0.0, (now - run.claimed_at).total_seconds())
+    run.owner = run.claimed_at = None
+    return ["seconds_used", "owner", "claimed_at"]
