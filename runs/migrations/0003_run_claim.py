@@ -4,6 +4,15 @@ from django.conf import settings
 from django.db import migrations, models
 
 
+def copy_claims(apps, schema_editor):
+    """Running runs take the owner and start of their live attempt onto the run."""
+    Run = apps.get_model("runs", "Run")
+    Attempt = apps.get_model("runs", "Attempt")
+    for attempt in Attempt.objects.filter(state="live", run__state="running"):
+        Run.objects.filter(pk=attempt.run_id).update(owner=attempt.owner,
+                                                     claimed_at=attempt.started_at)
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -22,6 +31,7 @@ class Migration(migrations.Migration):
             name='owner',
             field=models.CharField(blank=True, help_text='The claim: worker node and pid of the live attempt; set exactly while running.', max_length=255, null=True),
         ),
+        migrations.RunPython(copy_claims, migrations.RunPython.noop),
         migrations.AddConstraint(
             model_name='run',
             constraint=models.CheckConstraint(condition=models.Q(models.Q(('claimed_at__isnull', False), ('owner__isnull', False), ('state', 'running')), models.Q(models.Q(('state', 'running'), _negated=True), ('claimed_at__isnull', True), ('owner__isnull', True)), _connector='OR'), name='runs_run_claim_iff_running'),
