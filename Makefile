@@ -32,4 +32,4 @@ test: $(STAMP)
 	$(BIN)/pytest
 
 clean:
-	rm -rf $(VENV) staticfiles
+	rm -rf $(VENV) var/static

@@ -1,3 +1,4 @@
+import gc
 import os
 import sys
 
@@ -6,13 +7,22 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "awaken_site.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from runs import broadcast  # noqa: E402
+from runs import broadcast, routing  # noqa: E402
+from runs.socket_auth import SocketAuth  # noqa: E402
 
 # Under daphne, publish on the server's own loop: the in-memory channel layer (the embedded
 # default) is bound to the loop its consumers wait on.
 if "daphne.server" in sys.modules:
     broadcast.publisher.bind(sys.modules["daphne.server"].twisted_loop)
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+application = ProtocolTypeRouter({
+    "http": django_asgi_app,
+    "websocket": SocketAuth(URLRouter(routing.websocket_urlpatterns)),
+})
+
+# Everything loaded so far lives as long as the process: keep it out of the cyclic
+# collector's way, which otherwise dominates the tail of a fan-out to many sockets.
+gc.collect()
+gc.freeze()

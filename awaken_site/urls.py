@@ -8,6 +8,9 @@ handler404 = "runs.api.errors.not_found"
 
 urlpatterns = [
     path("", views.index, name="runs-index"),
+    path("runs/rows/", views.rows, name="runs-rows"),
+    path("runs/<uuid:run_id>/", views.detail, name="runs-page"),
+    path("runs/<uuid:run_id>/panel/", views.panel, name="runs-panel"),
     path("healthz", views.healthz, name="healthz"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -6,6 +6,7 @@ and sent in commit order; the sender never builds a loop per call.
 """
 
 import asyncio
+import json
 import logging
 import threading
 from collections import deque
@@ -23,10 +24,12 @@ def run_group(run_id) -> str:
 
 
 def run_changed(*, run, event) -> None:
-    from runs.api.serializers import change_message
+    from runs.api.serializers import change_text
 
-    # The list group first: it feeds the waiting API calls as well as the dashboards.
-    publisher.send((RUNS_GROUP, run_group(run.id)), change_message(run=run, event=event))
+    # Encoded once here; every socket forwards the same text. The list group first: it
+    # feeds the waiting API calls as well as the dashboards.
+    message = {"type": "run.changed", "text": change_text(run=run, event=event)}
+    publisher.send((RUNS_GROUP, run_group(run.id)), message)
 
 
 class Publisher:
@@ -169,7 +172,7 @@ class Watchers:
                 await asyncio.sleep(1)
                 continue
             if message.get("type") == "run.changed":
-                self.notify(message["run"])
+                self.notify(json.loads(message["text"])["run"])
 
 
 watchers = Watchers()

@@ -1,11 +1,13 @@
 """Reads: the run list, one run, and the event log."""
 
 import base64
+import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db.models import Q
+from rest_framework.utils.encoders import JSONEncoder
 
 from runs.models import Event, ResumeTicket, Run, TicketState
 from runs.services.errors import InvalidRequest, RunNotFound
@@ -29,12 +31,19 @@ def run_get(run_id) -> Run:
     return run
 
 
-def run_list(*, filters: dict, cursor: str | None = None, limit: int = 50):
+def run_list(*, filters: dict, search: str = "", cursor: str | None = None, limit: int = 50):
     """A page of runs, newest first. Returns ``(runs, next_cursor or None)``.
 
-    Keyset pagination on (created_at, id): a page costs the same at any depth.
+    ``search`` matches a run id exactly or a thread id. Keyset pagination on
+    (created_at, id): a page costs the same at any depth.
     """
     queryset = runs().filter(**filters).order_by("-created_at", "-id")
+    search = search.strip()
+    if search:
+        try:
+            queryset = queryset.filter(Q(pk=uuid.UUID(search)) | Q(thread_id=search))
+        except ValueError:
+            queryset = queryset.filter(thread_id=search)
     if cursor:
         created_at, run_id = decode_cursor(cursor)
         queryset = queryset.filter(
@@ -103,3 +112,80 @@ def run_ends(*, run_ids) -> list[dict]:
         "id", "state", "end_cause", "stop_code")}
     return [{"id": str(run_id), **{k: v for k, v in rows[str(run_id)].items() if k != "id"}}
             for run_id in run_ids if str(run_id) in rows]
+
+
+SNAPSHOT_SIZE = 50
+REPLAY_LIMIT = 1000
+# Sequence numbers are taken before commit, so a transaction can commit after a later one:
+# a resume replays this much before the client's last seq too (clients drop what they have).
+REPLAY_OVERLAP = timedelta(seconds=2)
+
+
+def socket_snapshot(*, run_id=None) -> dict:
+    """What a socket sends first: the newest seq, then the runs (the list's first page)."""
+    from runs.api.serializers import RunSerializer
+
+    seq = Event.objects.order_by("-seq").values_list("seq", flat=True).first() or 0
+    if run_id is not None:
+        page = [run_get(run_id)]
+    else:
+        page, _ = run_list(filters={}, limit=SNAPSHOT_SIZE)
+    return {"seq": seq, "runs": RunSerializer(page, many=True).data}
+
+
+def replay(*, after: int, run_id=None) -> list[str]:
+    """Encoded ``run.changed`` messages for the committed events after ``after``, in seq
+    order, each with its run as committed now; a snapshot instead if there are too many."""
+    from runs.api.serializers import change_text
+
+    events = Event.objects.all()
+    if run_id is not None:
+        events = events.filter(run_id=run_id)
+    anchor = events.filter(seq__lte=after).order_by("-seq").values_list("at", flat=True).first()
+    window = Q(seq__gt=after)
+    if anchor is not None:
+        window |= Q(seq__lte=after, at__gte=anchor - REPLAY_OVERLAP)
+    page = list(events.filter(window).order_by("seq")[: REPLAY_LIMIT + 1])
+    if len(page) > REPLAY_LIMIT:
+        return [json.dumps({"type": "snapshot", **socket_snapshot(run_id=run_id)},
+                           cls=JSONEncoder)]
+    current = {run.id: run for run in runs().filter(pk__in={e.run_id for e in page})}
+    return [change_text(run=current[e.run_id], event=e) for e in page]
+
+
+def run_page(*, run_id) -> dict:
+    """Everything a run's page shows: the run, its timeline, attempts, tickets, control
+    requests, and the tree of its descendants."""
+    run = run_get(run_id)
+    tree = run_tree(run)
+    return {
+        "run": run,
+        "events": list(run.events.order_by("seq")),
+        "attempts": list(run.attempts.order_by("generation")),
+        "tickets": list(run.tickets.order_by("created_at")),
+        "intents": list(run.intents.order_by("requested_at")),
+        "tree": tree,
+        "tree_ids": [str(run.id), *(str(child.id) for _, child in tree)],
+    }
+
+
+def run_tree(run: Run, *, levels: int = 5) -> list[tuple[int, Run]]:
+    """The run's descendants, depth-first with their depth; one query per level."""
+    children_of: dict = {}
+    frontier = [run.id]
+    for _ in range(levels):
+        level = list(runs().filter(parent_id__in=frontier).order_by("created_at"))
+        if not level:
+            break
+        for child in level:
+            children_of.setdefault(child.parent_id, []).append(child)
+        frontier = [child.id for child in level]
+    tree = []
+
+    def walk(parent_id, depth):
+        for child in children_of.get(parent_id, []):
+            tree.append((depth, child))
+            walk(child.id, depth + 1)
+
+    walk(run.id, 0)
+    return tree

@@ -1,19 +1,92 @@
-"""HTML pages and the health check."""
+"""HTML pages: the operator page, a run's page, their live partials, and the health check."""
 
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.db import connection
-from django.http import JsonResponse
+from django.http import Http404, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from runs import selectors
+from runs import agents, selectors
+from runs.models import EndCause, RunState
+from runs.roles import is_operator, is_viewer
+from runs.services.errors import InvalidRequest, RunNotFound
 
 
-@login_required
+def viewer_required(view):
+    @login_required
+    def wrapped(request, *args, **kwargs):
+        if not is_viewer(request.user):
+            raise PermissionDenied("You need the viewer or operator role.")
+        return view(request, *args, **kwargs)
+
+    wrapped.__name__ = view.__name__
+    wrapped.__doc__ = view.__doc__
+    return wrapped
+
+
+def list_filters(request) -> dict:
+    """The page's filters: state (or end cause), agent, and a search by id or thread."""
+    filters = {}
+    status = request.GET.get("status", "")
+    if status in RunState.values:
+        filters["state"] = status
+    elif status in EndCause.values:
+        filters["end_cause"] = status
+    if request.GET.get("agent") in agents.CATALOGUE:
+        filters["agent"] = request.GET["agent"]
+    return filters
+
+
+def page_of_runs(request):
+    try:
+        return selectors.run_list(filters=list_filters(request), search=request.GET.get("q", ""),
+                                  cursor=request.GET.get("cursor") or None, limit=50)
+    except InvalidRequest:
+        raise Http404("No such page.") from None
+
+
+def page_context(request, **extra) -> dict:
+    return {"can_control": is_operator(request.user), "agents": sorted(agents.CATALOGUE),
+            **extra}
+
+
+@viewer_required
 @require_GET
 def index(request):
-    page, _ = selectors.run_list(filters={}, limit=50)
-    return render(request, "runs/index.html", {"runs": page})
+    runs, cursor = page_of_runs(request)
+    return render(request, "runs/index.html", page_context(
+        request, runs=runs, cursor=cursor, statuses=[*RunState.values[:-1], *EndCause.values],
+        status=request.GET.get("status", ""), agent=request.GET.get("agent", ""),
+        q=request.GET.get("q", "")))
+
+
+@viewer_required
+@require_GET
+def rows(request):
+    """More rows of the list (``Load more``), rendered by the same partial."""
+    runs, cursor = page_of_runs(request)
+    return render(request, "runs/_rows.html", page_context(request, runs=runs, cursor=cursor))
+
+
+@viewer_required
+@require_GET
+def detail(request, run_id):
+    return render(request, "runs/detail.html", page_context(request, **run_panel(run_id)))
+
+
+@viewer_required
+@require_GET
+def panel(request, run_id):
+    """The live part of a run's page, re-rendered when the run or a descendant changes."""
+    return render(request, "runs/_panel.html", page_context(request, **run_panel(run_id)))
+
+
+def run_panel(run_id) -> dict:
+    try:
+        return selectors.run_page(run_id=run_id)
+    except RunNotFound:
+        raise Http404("No such run.") from None
 
 
 @require_GET

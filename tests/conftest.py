@@ -181,3 +181,17 @@ def wait_for(condition, timeout: float = 10.0, what: str = "condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
+
+
+@pytest.fixture(scope="session")
+def embedded_site(tmp_path_factory):
+    """One ``manage.py serve`` for the session: SQLite, in-memory broker and layer."""
+    from tests.sites import EmbeddedSite
+
+    site = EmbeddedSite(tmp_path_factory.mktemp("embedded"))
+    try:
+        wait_for(site.healthy, 40, "the embedded site to start")
+        site.ready()
+        yield site
+    finally:
+        site.stop()

@@ -1,5 +1,6 @@
 """The transitions of SPEC §2 and the finish boundary of §3, one service call at a time."""
 
+import json
 from unittest import mock
 
 import pytest
@@ -300,5 +301,7 @@ def test_every_transition_is_broadcast_after_commit(django_capture_on_commit_cal
     (groups, message), _ = send.call_args
     assert set(groups) == {f"run-{run.id}", "runs"}
     assert message["type"] == "run.changed"
-    assert message["event"]["kind"] == "created" and message["run"]["id"] == str(run.id)
-    assert message["seq"] == message["event"]["seq"]
+    pushed = json.loads(message["text"])
+    assert pushed["type"] == "run.changed"
+    assert pushed["event"]["kind"] == "created" and pushed["run"]["id"] == str(run.id)
+    assert pushed["seq"] == pushed["event"]["seq"]

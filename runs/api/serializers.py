@@ -1,7 +1,10 @@
 """The JSON shapes of API.md: one representation of a run and of an event, used by the REST
 API, the websocket snapshot and the broadcast alike."""
 
+import json
+
 from rest_framework import serializers
+from rest_framework.utils.encoders import JSONEncoder
 
 from runs import agents
 from runs.models import Event, Run
@@ -68,14 +71,14 @@ class EventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-def change_message(*, run: Run, event: Event) -> dict:
-    """The ``run.changed`` message pushed for one committed event."""
-    return {
+def change_text(*, run: Run, event: Event) -> str:
+    """The ``run.changed`` socket message for one committed event, encoded once."""
+    return json.dumps({
         "type": "run.changed",
         "seq": event.seq,
         "event": EventSerializer(event).data,
         "run": RunSerializer(run).data,
-    }
+    }, cls=JSONEncoder)
 
 
 # --- Requests -------------------------------------------------------------------------

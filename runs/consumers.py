@@ -1,0 +1,61 @@
+"""Websockets: ``/ws/runs/`` (the run list) and ``/ws/runs/{id}/`` (one run).
+
+Thin consumers: authenticate and authorize before accepting, subscribe, send a snapshot,
+then forward each committed change. They write nothing. A client may ask to ``resume`` after
+the last ``seq`` it saw; the server replays committed events from the events table.
+"""
+
+import json
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from runs import broadcast, selectors
+from runs.roles import is_viewer
+from runs.services.errors import RunNotFound
+
+
+class RunsConsumer(AsyncWebsocketConsumer):
+    async def connect(self):
+        user = self.scope.get("user")
+        self.run_id = self.scope["url_route"]["kwargs"].get("run_id")
+        if not await database_sync_to_async(is_viewer)(user):
+            await self.close()  # before accept: the handshake is refused (HTTP 403)
+            return
+        if self.run_id is not None:
+            try:
+                self.run_id = str(selectors.parse_run_id(self.run_id))
+                await database_sync_to_async(selectors.run_get)(self.run_id)
+            except RunNotFound:
+                await self.close()
+                return
+        self.group = broadcast.run_group(self.run_id) if self.run_id else broadcast.RUNS_GROUP
+        # Subscribe before the snapshot is read: a commit in between arrives as a push
+        # (possibly also in the snapshot; clients keep the newest version of each run).
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        snapshot = await database_sync_to_async(selectors.socket_snapshot)(run_id=self.run_id)
+        await self.send(text_data=json.dumps({"type": "snapshot", **snapshot}))
+
+    async def disconnect(self, code):
+        if getattr(self, "group", None):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive(self, text_data=None, bytes_data=None):
+        try:
+            message = json.loads(text_data or "")
+            after = int(message["after"]) if message.get("type") == "resume" else None
+        except (ValueError, TypeError, KeyError):
+            after = None
+        if after is None or after < 0:
+            await self.send(text_data=json.dumps({
+                "type": "error", "code": "invalid",
+                "detail": 'Send {"type": "resume", "after": <seq>}.'}))
+            return
+        for text in await database_sync_to_async(selectors.replay)(after=after,
+                                                                   run_id=self.run_id):
+            await self.send(text_data=text)
+
+    async def run_changed(self, message):
+        # The broadcast carries the message encoded once for every socket.
+        await self.send(text_data=message["text"])

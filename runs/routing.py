@@ -1,0 +1,8 @@
+from django.urls import path
+
+from runs.consumers import RunsConsumer
+
+websocket_urlpatterns = [
+    path("ws/runs/", RunsConsumer.as_asgi()),
+    path("ws/runs/<str:run_id>/", RunsConsumer.as_asgi()),
+]

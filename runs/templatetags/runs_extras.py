@@ -1,0 +1,18 @@
+"""Display helpers for run templates."""
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def short_id(value) -> str:
+    return str(value)[:8]
+
+
+@register.filter
+def ms_since(later, earlier) -> str:
+    """"+12 ms" between two times (requested -> delivered -> applied), or "" if unknown."""
+    if not later or not earlier:
+        return ""
+    return f"+{(later - earlier).total_seconds() * 1000:.0f} ms"

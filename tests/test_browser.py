@@ -1,0 +1,152 @@
+"""The operator page in a real browser (Debian's chromium driven by Playwright), against the
+embedded site started as a separate process."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "operator-page.png"
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                reason="needs Debian's chromium (apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync"])
+        yield browser
+        browser.close()
+
+
+def logged_in(browser, site, username="admin", password=None):
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.set_default_timeout(10_000)
+    page.goto(f"{site.base}/")
+    assert "/accounts/login/" in page.url  # anonymous visitors go to the login form
+    page.fill('input[name="username"]', username)
+    page.fill('input[name="password"]', password or site.admin_password)
+    page.click('button[type="submit"]')
+    page.wait_for_selector('#live[data-status="live"]')
+    return page
+
+
+@pytest.fixture
+def operator_page(browser, embedded_site):
+    page = logged_in(browser, embedded_site)
+    yield page
+    page.close()
+
+
+def start_from_form(page, agent, input_json):
+    if not page.is_visible("#new-run"):
+        page.click(".new-run summary")
+    page.select_option('#new-run select[name="agent"]', agent)
+    page.fill('#new-run textarea[name="input"]', input_json)
+    before = set(page.eval_on_selector_all("tr.run", "rows => rows.map(r => r.dataset.runId)"))
+    page.click('[data-action="create"]')
+    page.wait_for_function(
+        "n => document.querySelectorAll('tr.run').length > n", arg=len(before))
+    ids = page.eval_on_selector_all("tr.run", "rows => rows.map(r => r.dataset.runId)")
+    (run_id,) = [i for i in ids if i not in before]
+    return f'tr.run[data-run-id="{run_id}"]'
+
+
+def test_a_run_started_from_the_form_goes_live_to_completed(operator_page):
+    row = start_from_form(operator_page, "demo.steps", '{"steps": 3, "step_seconds": 0.3}')
+    operator_page.wait_for_selector(f'{row}[data-state="running"]')
+    operator_page.wait_for_selector(f'{row}[data-end-cause="completed"]')
+    assert operator_page.text_content(f'{row} [data-field="status"]') == "completed"
+
+
+def test_cancel_shows_cancelled_without_a_reload(operator_page):
+    row = start_from_form(operator_page, "demo.hang", "{}")
+    operator_page.wait_for_selector(f'{row}[data-state="running"]')
+    operator_page.evaluate("window.__same_page = true")
+    operator_page.click(f'{row} [data-action="cancel"]')
+    operator_page.wait_for_selector(f'{row}[data-end-cause="cancelled"]')
+    assert operator_page.evaluate("window.__same_page") is True  # no reload happened
+    assert not operator_page.is_visible(f'{row} [data-action="cancel"]')
+
+
+def test_stop_asks_for_a_reason_and_shows_it(operator_page):
+    row = start_from_form(operator_page, "demo.hang_tool", "{}")
+    operator_page.wait_for_selector(f'{row}[data-state="running"]')
+    operator_page.click(f'{row} [data-action="stop"]')
+    operator_page.fill('#stop-dialog [name="reason"]', "over the time box")
+    operator_page.click('[data-action="confirm-stop"]')
+    operator_page.wait_for_selector(f'{row}[data-end-cause="stopped"]')
+    assert operator_page.text_content(f'{row} [data-field="reason"]') == "over the time box"
+
+
+def test_pause_and_resume(operator_page):
+    row = start_from_form(operator_page, "demo.steps", '{"steps": 4, "step_seconds": 0.4}')
+    operator_page.wait_for_selector(f'{row}[data-state="running"]')
+    operator_page.click(f'{row} [data-action="pause"]')
+    operator_page.wait_for_selector(f'{row}[data-state="awaiting"]')
+    operator_page.click(f'{row} [data-action="resume"]')
+    operator_page.click('[data-action="confirm-resume"]')
+    operator_page.wait_for_selector(f'{row}[data-end-cause="completed"]', timeout=15_000)
+    assert operator_page.text_content(f'{row} [data-field="generation"]') == "2"
+
+
+def test_a_runs_page_shows_its_timeline_live(operator_page, embedded_site):
+    row = start_from_form(operator_page, "demo.parent",
+                          '{"children": 2, "child_agent": "demo.hang"}')
+    run_id = operator_page.get_attribute(row, "data-run-id")
+    operator_page.goto(f"{embedded_site.base}/runs/{run_id}/")
+    operator_page.wait_for_selector('.tree li .badge[data-state="running"]')
+    operator_page.click(f'tr.run[data-run-id="{run_id}"] [data-action="cancel"]')
+    operator_page.wait_for_selector('.timeline li[data-kind="ended"]')
+    operator_page.wait_for_function(
+        "() => [...document.querySelectorAll('.tree li .badge')]"
+        ".every(b => b.dataset.endCause === 'cancelled')")
+    assert operator_page.is_visible("text=Control requests")
+
+
+def test_the_screenshot_for_the_readme(operator_page):
+    start_from_form(operator_page, "demo.steps", '{"steps": 30, "step_seconds": 1}')
+    operator_page.wait_for_selector('tr.run[data-state="running"]')
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    operator_page.screenshot(path=str(SCREENSHOT))
+    assert SCREENSHOT.stat().st_size > 10_000
+
+
+def test_a_viewer_sees_no_controls(browser, embedded_site):
+    embedded_site.add_user("vera", "vera-password-1", "viewer")
+    page = logged_in(browser, embedded_site, "vera", "vera-password-1")
+    page.wait_for_selector("tr.run")
+    assert page.query_selector_all("[data-action]") == []
+    assert page.query_selector("#new-run") is None
+    page.close()
+
+
+def test_an_unauthenticated_socket_is_refused(browser, embedded_site):
+    page = browser.new_page()
+    page.goto(f"{embedded_site.base}/accounts/login/")
+    outcome = page.evaluate("""() => new Promise(resolve => {
+        const socket = new WebSocket(location.origin.replace('http', 'ws') + '/ws/runs/');
+        socket.onopen = () => resolve('open');
+        socket.onclose = () => resolve('refused');
+    })""")
+    assert outcome == "refused"
+    page.close()
+
+
+def test_login_rejects_a_wrong_password(browser, embedded_site):
+    page = browser.new_page()
+    page.goto(f"{embedded_site.base}/accounts/login/")
+    page.fill('input[name="username"]', "admin")
+    page.fill('input[name="password"]', "wrong")
+    page.click('button[type="submit"]')
+    assert re.search("didn't match", page.content())
+    page.close()
