@@ -7,7 +7,8 @@ OWNER = "test-worker:1"
 
 
 def queued_run(agent: str = "demo.steps", **kwargs) -> Run:
-    run, _ = services.run_create(agent=agent, **kwargs)
+    """A queued run that no worker is asked to take: the test plays the attempts."""
+    run, _ = services.run_create(agent=agent, dispatch=False, **kwargs)
     return run
 
 

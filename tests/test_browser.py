@@ -56,8 +56,10 @@ def start_from_form(page, agent, input_json):
     page.click('[data-action="create"]')
     page.wait_for_function(
         "n => document.querySelectorAll('tr.run').length > n", arg=len(before))
-    ids = page.eval_on_selector_all("tr.run", "rows => rows.map(r => r.dataset.runId)")
-    (run_id,) = [i for i in ids if i not in before]
+    rows = page.eval_on_selector_all(
+        "tr.run", "rows => rows.map(r => [r.dataset.runId, r.dataset.agent])")
+    # Child runs appear too (demo.parent): the new run is the one of the agent asked for.
+    (run_id,) = [i for i, name in rows if i not in before and name == agent]
     return f'tr.run[data-run-id="{run_id}"]'
 
 

@@ -86,10 +86,15 @@ def wait_until(condition, timeout: float, what: str):
 
 
 class Command(BaseCommand):
-    help = "Measure live cancel latency (REST call -> committed end, -> 200) and a baseline."
+    help = ("Measure live cancel latency (REST call -> committed end, -> 200, with a baseline) "
+            "or socket push latency (commit -> receipt by 1 and by N clients).")
 
     def add_arguments(self, parser):
-        parser.add_argument("what", choices=["cancel"])
+        parser.add_argument("what", choices=["cancel", "push"])
+        parser.add_argument("--clients", default="1,1000",
+                            help="push: numbers of connected socket clients (comma list).")
+        parser.add_argument("--commits", type=int, default=200,
+                            help="push: committed transitions measured per client count.")
         parser.add_argument("--live", default="1,100,500",
                             help="Numbers of other live attempts on the worker (comma list).")
         parser.add_argument("--cancels", type=int, default=300, help="Samples per level.")
@@ -97,10 +102,12 @@ class Command(BaseCommand):
                             help="Runs started together before they are cancelled one by one.")
         parser.add_argument("--no-baseline", action="store_true")
 
-    def handle(self, what, live, cancels, batch, no_baseline, **options):
+    def handle(self, what, live, cancels, batch, no_baseline, clients, commits, **options):
         if not settings.REDIS_URL or "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
-            self.stderr.write("Note: for meaningful figures set DATABASE_URL (PostgreSQL) and "
-                              "REDIS_URL; measuring on the configured defaults.")
+            raise CommandError("Set DATABASE_URL (PostgreSQL) and REDIS_URL: the benchmark "
+                               "runs separate processes, which need a shared database and layer.")
+        if what == "push":
+            return self.push([int(n) for n in clients.split(",")], commits)
         levels = [int(n) for n in live.split(",")]
         token = self.bench_user_token()
         queue = f"awaken-bench-{uuid.uuid4().hex[:8]}"
@@ -227,3 +234,126 @@ class Command(BaseCommand):
             p50, p95, p99 = percentiles(samples)
             self.stdout.write(f"{level!s:>5}  {name:<58}{len(samples):>5}{p50:>9.2f}{p95:>9.2f}"
                               f"{p99:>9.2f}  {note}")
+
+
+    # --- socket push ------------------------------------------------------------------------
+
+    def push(self, levels: list[int], commits: int) -> None:
+        """Commit a transition, and time its arrival at every connected socket client.
+
+        The clients run in this process on one event loop in a thread of their own (their own
+        parsing is part of the figure, as a browser's would be); the commits are made by this
+        process too, through the services, so commit -> push -> receipt is measured end to end.
+        """
+        from runs import services
+
+        token = self.bench_user_token()
+        processes = Processes({**os.environ})
+        rows = []
+        try:
+            port = free_port()
+            processes.start("web", sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p",
+                            str(port), "awaken_site.asgi:application")
+            wait_until(lambda: self.healthy_web(port), 60, "the web process")
+            for count in levels:
+                swarm = Swarm(port, token, count)
+                try:
+                    first, last = [], []
+                    for _ in range(commits):
+                        swarm.arm()
+                        committed = time.monotonic()
+                        services.run_create(agent="demo.steps", dispatch=False, source="cli")
+                        arrivals = swarm.collect(timeout=10)
+                        first.append((min(arrivals) - committed) * 1000)
+                        last.append((max(arrivals) - committed) * 1000)
+                        time.sleep(max(0.01, count / 5000))  # let the fan-out drain fully
+                finally:
+                    swarm.close()
+                rows.append((count, "commit -> first client receives", first, ""))
+                rows.append((count, f"commit -> last of {count} clients receives", last, ""))
+        finally:
+            processes.stop()
+            self.cleanup()
+        self.stdout.write(f"\nSocket push latency, {os.cpu_count()} cores, pub/sub channel "
+                          f"layer on Redis; {commits} commits per row; ms\n")
+        header = f"{'clients':>7}  {'measurement':<44}{'n':>5}{'p50':>9}{'p95':>9}{'p99':>9}"
+        self.stdout.write(header)
+        self.stdout.write("-" * len(header))
+        for count, name, samples, _ in rows:
+            p50, p95, p99 = percentiles(samples)
+            self.stdout.write(f"{count:>7}  {name:<44}{len(samples):>5}{p50:>9.2f}{p95:>9.2f}"
+                              f"{p99:>9.2f}")
+
+    def healthy_web(self, port) -> bool:
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", "/healthz")
+            return connection.getresponse().status == 200
+        except OSError:
+            return False
+
+
+class Swarm:
+    """``count`` websocket clients on one event loop in a thread; each records when the
+    next message after ``arm()`` reached it."""
+
+    def __init__(self, port: int, token: str, count: int):
+        import asyncio
+        import threading
+
+        self.count = count
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.arrivals: list[float] = []
+        self.armed = False
+        self.all_in = threading.Event()
+        self.tasks = []
+        ready = asyncio.run_coroutine_threadsafe(self._connect_all(port, token), self.loop)
+        ready.result(timeout=120)
+
+    async def _connect_all(self, port, token):
+        import asyncio
+
+        import websockets
+
+        sockets = []
+        for start in range(0, self.count, 50):  # handshakes in batches, as browsers arrive
+            batch = await asyncio.gather(*(websockets.connect(
+                f"ws://127.0.0.1:{port}/ws/runs/",
+                additional_headers={"Authorization": f"Token {token}"}, max_size=None)
+                for _ in range(start, min(self.count, start + 50))))
+            for socket_ in batch:
+                await socket_.recv()  # the snapshot
+            sockets += batch
+        self.sockets = sockets
+        self.tasks = [asyncio.get_running_loop().create_task(self._listen(s)) for s in sockets]
+
+    async def _listen(self, socket_):
+        async for _ in socket_:
+            if self.armed:
+                self.arrivals.append(time.monotonic())
+                if len(self.arrivals) >= self.count:
+                    self.all_in.set()
+
+    def arm(self) -> None:
+        self.arrivals = []
+        self.all_in.clear()
+        self.armed = True
+
+    def collect(self, timeout: float) -> list[float]:
+        if not self.all_in.wait(timeout):
+            raise CommandError(f"only {len(self.arrivals)} of {self.count} clients received")
+        self.armed = False
+        return list(self.arrivals)
+
+    def close(self) -> None:
+        import asyncio
+
+        async def shut():
+            for task in self.tasks:
+                task.cancel()
+            await asyncio.gather(*(s.close() for s in self.sockets), return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shut(), self.loop).result(timeout=60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
