@@ -22,13 +22,12 @@ def run_queued(*, run_id, start_after=None) -> None:
     execute.apply_async(args=[str(run_id)], eta=eta)
 
 
-def intent_recorded(*, run_id, generation: int, owner: str, intent_id, actor: str,
-                    source: str) -> None:
+def intent_recorded(*, run_id, generation: int, owner: str, actor: str, source: str) -> None:
     """A cancel or stop of a running run was recorded: tell its attempt now."""
     from runs import live
 
     try:
         live.deliver(run_id=run_id, generation=generation, owner=owner, command="cancel",
-                     actor=actor, source=source, intent_id=intent_id)
+                     actor=actor, source=source)
     except NotActive:
         log.info("run %s: cancel not taken live; it waits for renewal or lease expiry", run_id)

@@ -2,7 +2,6 @@
 
 from django.conf import settings
 
-from runs import services
 from runs.services import NotActive
 
 
@@ -12,7 +11,7 @@ def owner_node(owner: str) -> str:
 
 
 def deliver(*, run_id, generation: int, owner: str | None, command: str,
-            actor: str | None = None, source: str | None = None, intent_id=None) -> int:
+            actor: str | None = None, source: str | None = None) -> int:
     """Deliver a live command to attempt ``generation`` held by ``owner`` (the run's claim as
     committed); returns the generation.
 
@@ -32,6 +31,4 @@ def deliver(*, run_id, generation: int, owner: str | None, command: str,
     ) or []
     if not any(answer.get("delivered") for reply in replies for answer in reply.values()):
         raise NotActive(f"The attempt of run {run_id} did not take the {command}.")
-    if intent_id is not None:
-        services.intent_delivered(intent_id=intent_id)
     return generation

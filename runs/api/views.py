@@ -170,30 +170,46 @@ class ControlView(APIView):
     permission_classes = [IsOperator]
 
 
-class RunCancelView(ControlView):
+class EndRequestView(ControlView):
+    """Cancel and stop: the request is recorded, then answered with committed state."""
+
+    serializer_class = None
+
+    def request_end(self, run_id, data, *, actor: str, source: str):
+        raise NotImplementedError
+
+    def post(self, request, run_id):
+        run_id = selectors.parse_run_id(run_id)
+        data = validated(self.serializer_class, request)
+        wait = wait_param(request)
+        result = self.request_end(run_id, data, actor=actor(request), source=source(request))
+        return control_response(waiting.wait_for_end(result.run.id, wait))
+
+
+class RunCancelView(EndRequestView):
+    serializer_class = s.CancelSerializer
+
     @extend_schema(request=s.CancelSerializer, parameters=[WAIT],
                    responses={200: s.RunSerializer, 202: s.RunSerializer, **ERRORS})
     def post(self, request, run_id):
         """Cancel: 200 once ended (whatever cause committed first), 202 if still pending."""
-        run_id = selectors.parse_run_id(run_id)
-        data = validated(s.CancelSerializer, request)
-        wait = wait_param(request)
-        result = services.run_cancel(run_id=run_id, actor=actor(request), source=source(request),
-                                     reason=data.get("reason"))
-        return control_response(waiting.wait_for_end(result.run.id, wait))
+        return super().post(request, run_id)
+
+    def request_end(self, run_id, data, **who):
+        return services.run_cancel(run_id=run_id, reason=data.get("reason"), **who)
 
 
-class RunStopView(ControlView):
+class RunStopView(EndRequestView):
+    serializer_class = s.StopSerializer
+
     @extend_schema(request=s.StopSerializer, parameters=[WAIT],
                    responses={200: s.RunSerializer, 202: s.RunSerializer, **ERRORS})
     def post(self, request, run_id):
         """Stop with a reason (stop_code ``operator``): 200 once ended, 202 if still pending."""
-        run_id = selectors.parse_run_id(run_id)
-        data = validated(s.StopSerializer, request)
-        wait = wait_param(request)
-        result = services.run_stop(run_id=run_id, actor=actor(request), source=source(request),
-                                   reason=data["reason"])
-        return control_response(waiting.wait_for_end(result.run.id, wait))
+        return super().post(request, run_id)
+
+    def request_end(self, run_id, data, **who):
+        return services.run_stop(run_id=run_id, reason=data["reason"], **who)
 
 
 class RunResumeView(ControlView):

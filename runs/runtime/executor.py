@@ -16,6 +16,7 @@ from functools import partial
 
 from django.conf import settings
 from django.db import close_old_connections
+from django.utils import timezone
 
 from runs import selectors, services
 from runs.agents import CATALOGUE
@@ -118,7 +119,7 @@ class Executor:
                           code=why.code, reason=why.detail)
         else:
             await self.db(services.attempt_interrupted, run_id=run_id, generation=generation,
-                          actor=why.actor, source=why.source)
+                          actor=why.actor, source=why.source, accepted_at=why.at)
 
     async def _fail(self, run_id, generation, error: str):
         try:
@@ -227,9 +228,9 @@ class Executor:
                 entry.token.cancel(Why("fenced"))
                 continue
             intent = renewal.intents.get(entry.run_id)
-            if intent is not None and entry.token.cancel(
-                    Why("command", actor=intent.requested_by, source=intent.source)):
-                await self.db(services.intent_delivered, intent_id=intent.pk)
+            if intent is not None:
+                entry.token.cancel(Why("command", actor=intent.requested_by,
+                                       source=intent.source, at=timezone.now()))
 
 
 def _settle(future: asyncio.Future, result, error) -> None:

@@ -10,6 +10,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from django.utils import timezone
+
 from runs.runtime.token import CancellationToken, Why
 
 
@@ -67,7 +69,7 @@ class Registry:
         if entry is None or entry.token.cancelled:
             return None
         if command == "cancel":
-            entry.token.cancel(Why("command", actor=actor, source=source))
+            entry.token.cancel(Why("command", actor=actor, source=source, at=timezone.now()))
         elif command == "pause":
             entry.pause_actor = actor
             entry.pause_requested.set()

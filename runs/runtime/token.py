@@ -3,6 +3,7 @@
 import asyncio
 import threading
 from dataclasses import dataclass
+from datetime import datetime
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,7 @@ class Why:
     detail: str | None = None
     actor: str | None = None
     source: str | None = None
+    at: datetime | None = None  # when the attempt accepted a command
 
 
 class CancellationToken:

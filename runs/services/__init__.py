@@ -10,7 +10,6 @@ from runs.services.attempts import (
     attempt_start,
     attempt_step,
     attempt_stop_by_policy,
-    intent_delivered,
     runs_redispatch,
 )
 from runs.services.core import Ending, finish, locked_run
@@ -46,7 +45,6 @@ __all__ = [
     "attempt_start",
     "attempt_step",
     "attempt_stop_by_policy",
-    "intent_delivered",
     "runs_redispatch",
     "finish",
     "locked_run",

@@ -121,15 +121,18 @@ def attempt_finish(*, run_id, generation: int, ending: Ending, actor: str | None
 
 
 def attempt_interrupted(*, run_id, generation: int, actor: str | None = None,
-                        source: str | None = None) -> bool:
-    """End the run after its attempt's token was cancelled.
+                        source: str | None = None, accepted_at=None) -> bool:
+    """End the run after its attempt's token was cancelled (at ``accepted_at``).
 
-    The pending intent says how (cancelled, or stopped with its reason and code); a live-only
-    cancel with no intent ends it ``cancelled`` in the name of whoever delivered it.
+    The pending intent says how (cancelled, or stopped with its reason and code) and records
+    when the attempt accepted the signal; a live-only cancel with no intent ends the run
+    ``cancelled`` in the name of whoever delivered it.
     """
     with transaction.atomic():
         run = locked_run(run_id)
         intent = pending_intent(run)
+        if intent is not None and intent.delivered_at is None:
+            intent.delivered_at = accepted_at  # saved with the intent by the finish boundary
         if intent is not None:
             ending, actor, source = Ending.from_intent(intent), intent.requested_by, intent.source
         else:
@@ -181,12 +184,6 @@ def attempt_renew(*, owner: str, attempts: list[tuple], lease_seconds: float) ->
     intents = {str(intent.run_id): intent for intent in ControlIntent.objects.filter(
         run_id__in=[run_id for run_id, _ in renewed], applied_at__isnull=True)}
     return Renewal(renewed, intents)
-
-
-def intent_delivered(*, intent_id) -> bool:
-    """The owning attempt accepted the live signal of this intent (first time counts)."""
-    return bool(ControlIntent.objects.filter(pk=intent_id, delivered_at__isnull=True)
-                .update(delivered_at=timezone.now()))
 
 
 def attempt_expire(*, run_id, generation: int, max_crash_retries: int) -> str | None:

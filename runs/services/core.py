@@ -167,7 +167,7 @@ def finish(
     intent = pending_intent(run)
     if intent is not None:
         intent.applied_at = now
-        intent.save(update_fields=["applied_at"])
+        intent.save(update_fields=["applied_at", "delivered_at"])
 
     run.state = RunState.ENDED
     run.end_cause = ending.cause

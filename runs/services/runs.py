@@ -193,8 +193,7 @@ def _deliver_later(run: Run, intent: ControlIntent):
     from runs import dispatch
 
     return partial(dispatch.intent_recorded, run_id=run.id, generation=run.generation,
-                   owner=run.owner, intent_id=intent.pk, actor=intent.requested_by,
-                   source=intent.source)
+                   owner=run.owner, actor=intent.requested_by, source=intent.source)
 
 
 def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run:

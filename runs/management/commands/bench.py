@@ -124,7 +124,8 @@ class Command(BaseCommand):
                             "worker", "--pool", "threads", "--concurrency", "8", "-n",
                             f"bench-{queue}@%h", "-Q", queue, "--without-mingle",
                             "--without-gossip", "--loglevel", "WARNING")
-            wait_until(lambda: self.healthy(port), 60, "the web and worker processes")
+            wait_until(lambda: self.health(port).get("workers", 0) >= 1, 60,
+                       "the web and worker processes")
             client = Client(port, token)
             for level in levels:
                 rows += self.measure_level(client, level, cancels, batch)
@@ -133,7 +134,10 @@ class Command(BaseCommand):
         finally:
             processes.stop()
             self.cleanup()
-        self.print_table(rows, cancels)
+        self.print_table(
+            f"Live cancel latency, {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}"
+            f", broker {settings.CELERY_BROKER_URL.split(':', 1)[0]}, {cancels} cancels per "
+            "level; 'committed' is the ended_at the committing transaction wrote", "live", rows)
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -144,13 +148,14 @@ class Command(BaseCommand):
         call_command("operator_token", "bench", "--role", "operator", "--create", stdout=out)
         return out.getvalue().strip()
 
-    def healthy(self, port) -> bool:
+    def health(self, port) -> dict:
+        """The web process's /healthz answer, or {} while it is not up."""
         try:
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             connection.request("GET", "/healthz")
-            return json.loads(connection.getresponse().read()).get("workers", 0) >= 1
-        except OSError:
-            return False
+            return json.loads(connection.getresponse().read())
+        except (OSError, ValueError):
+            return {}
 
     def cleanup(self):
         """End whatever the benchmark left live, so no run of it stays running."""
@@ -222,19 +227,18 @@ class Command(BaseCommand):
         return ("-", "baseline: revoke(terminate=True) -> plain task interrupted", samples,
                 "prefork -c 2")
 
-    def print_table(self, rows, cancels):
-        self.stdout.write(f"\nLive cancel latency, {os.cpu_count()} cores, "
-                          f"{settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}, "
-                          f"broker {settings.CELERY_BROKER_URL.split(':', 1)[0]}; "
-                          f"{cancels} cancels per level; ms\n")
-        header = f"{'live':>5}  {'measurement':<58}{'n':>5}{'p50':>9}{'p95':>9}{'p99':>9}  note"
+    def print_table(self, title: str, first: str, rows) -> None:
+        """One table of (first column, measurement, samples, note) rows, in ms."""
+        self.stdout.write(f"\n{title}, {os.cpu_count()} cores; ms\n")
+        width = max(len(name) for _, name, _, _ in rows) + 2
+        header = (f"{first:>7}  {'measurement':<{width}}{'n':>5}{'p50':>9}{'p95':>9}{'p99':>9}"
+                  "  note")
         self.stdout.write(header)
         self.stdout.write("-" * len(header))
-        for level, name, samples, note in rows:
+        for key, name, samples, note in rows:
             p50, p95, p99 = percentiles(samples)
-            self.stdout.write(f"{level!s:>5}  {name:<58}{len(samples):>5}{p50:>9.2f}{p95:>9.2f}"
-                              f"{p99:>9.2f}  {note}")
-
+            self.stdout.write(f"{key!s:>7}  {name:<{width}}{len(samples):>5}{p50:>9.2f}"
+                              f"{p95:>9.2f}{p99:>9.2f}  {note}")
 
     # --- socket push ------------------------------------------------------------------------
 
@@ -254,7 +258,7 @@ class Command(BaseCommand):
             port = free_port()
             processes.start("web", sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p",
                             str(port), "awaken_site.asgi:application")
-            wait_until(lambda: self.healthy_web(port), 60, "the web process")
+            wait_until(lambda: self.health(port).get("db") == "ok", 60, "the web process")
             for count in levels:
                 swarm = Swarm(port, token, count)
                 try:
@@ -274,23 +278,8 @@ class Command(BaseCommand):
         finally:
             processes.stop()
             self.cleanup()
-        self.stdout.write(f"\nSocket push latency, {os.cpu_count()} cores, pub/sub channel "
-                          f"layer on Redis; {commits} commits per row; ms\n")
-        header = f"{'clients':>7}  {'measurement':<44}{'n':>5}{'p50':>9}{'p95':>9}{'p99':>9}"
-        self.stdout.write(header)
-        self.stdout.write("-" * len(header))
-        for count, name, samples, _ in rows:
-            p50, p95, p99 = percentiles(samples)
-            self.stdout.write(f"{count:>7}  {name:<44}{len(samples):>5}{p50:>9.2f}{p95:>9.2f}"
-                              f"{p99:>9.2f}")
-
-    def healthy_web(self, port) -> bool:
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            connection.request("GET", "/healthz")
-            return connection.getresponse().status == 200
-        except OSError:
-            return False
+        self.print_table(f"Socket push latency, pub/sub channel layer on Redis, {commits} "
+                         "commits per row", "clients", rows)
 
 
 class Swarm:
