@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 PORT ?= 8000
 
-.PHONY: run test install clean
+.PHONY: run test lint install clean
 
 install: $(STAMP)
 
@@ -27,9 +27,15 @@ run: $(STAMP) var/secret_key
 	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py collectstatic --no-input -v 0
 	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py serve --port $(PORT)
 
-## Run the whole test suite (SQLite by default; DATABASE_URL=postgres://... for PostgreSQL).
+## Lint, then run the whole test suite (SQLite by default; DATABASE_URL=postgres://... for
+## PostgreSQL, REDIS_URL=redis://... for the tests of real workers and the Redis layer).
 test: $(STAMP)
+	$(BIN)/ruff check runs awaken_site tests
 	$(BIN)/pytest
 
 clean:
 	rm -rf $(VENV) var/static
+
+## Lint with ruff (the configuration is in pyproject.toml).
+lint: $(STAMP)
+	$(BIN)/ruff check runs awaken_site tests

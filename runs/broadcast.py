@@ -164,7 +164,7 @@ class Watchers:
                     refreshed = loop.time()
                     self._subscribed.set()
                 message = await asyncio.wait_for(layer.receive(channel), self.REFRESH_SECONDS)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             except Exception:  # the layer is down: retry, waiters time out meanwhile
                 log.warning("run-change subscription failed", exc_info=True)

@@ -250,7 +250,8 @@ class Attempt(models.Model):
             ),
             models.CheckConstraint(
                 condition=(
-                    Q(state=AttemptState.CLOSED, closed_at__isnull=False, close_reason__isnull=False)
+                    Q(state=AttemptState.CLOSED, closed_at__isnull=False,
+                      close_reason__isnull=False)
                     | Q(state=AttemptState.LIVE, closed_at__isnull=True, close_reason__isnull=True)
                 ),
                 name="runs_attempt_closed_iff_reason",
@@ -352,7 +353,8 @@ class ControlIntent(models.Model):
             ),
             models.CheckConstraint(
                 condition=(
-                    Q(action=ControlAction.STOP, stop_code__in=StopCode.values, reason__isnull=False)
+                    Q(action=ControlAction.STOP, stop_code__in=StopCode.values,
+                      reason__isnull=False)
                     | Q(action=ControlAction.CANCEL, stop_code__isnull=True)
                 ),
                 name="runs_intent_stop_has_code_and_reason",
@@ -404,10 +406,12 @@ class Event(models.Model):
                 condition=Q(kind__in=EventKind.values), name="runs_event_kind_valid"
             ),
             # Versions of a run are contiguous and never reused.
-            models.UniqueConstraint(fields=["run", "version"], name="runs_event_run_version_unique"),
+            models.UniqueConstraint(fields=["run", "version"],
+                                    name="runs_event_run_version_unique"),
             # Exactly one terminal event per run.
             models.UniqueConstraint(
-                fields=["run"], condition=Q(kind=EventKind.ENDED), name="runs_event_one_ended_per_run"
+                fields=["run"], condition=Q(kind=EventKind.ENDED),
+                name="runs_event_one_ended_per_run",
             ),
         ]
 

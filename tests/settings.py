@@ -1,7 +1,6 @@
 """Test settings: the real ones, with a known key and a fast password hasher."""
 
 import os
-
 import uuid
 
 os.environ.setdefault("SECRET_KEY", "tests-only-not-a-secret")

@@ -152,7 +152,8 @@ def test_resume_replays_the_committed_events_after_seq(viewer):
     seen = Event.objects.latest("seq").seq
     services.run_cancel(run_id=run.id, actor="olga", source="api")
     later = queued_run()
-    expected = list(Event.objects.filter(seq__gt=seen).order_by("seq").values_list("seq", flat=True))
+    expected = list(Event.objects.filter(seq__gt=seen).order_by("seq")
+                    .values_list("seq", flat=True))
 
     headers = [token_header(viewer)]
 

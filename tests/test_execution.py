@@ -128,7 +128,7 @@ def test_cancel_racing_natural_completion_ends_exactly_once(worker, api):
     rng = random.Random(3)
     for _ in range(15):
         run_id = create(api, "demo.steps", {"steps": 2, "step_seconds": 0.03})
-        wait_for(lambda: run_of(run_id).state != RunState.QUEUED, what="a start")
+        wait_for(lambda run_id=run_id: run_of(run_id).state != RunState.QUEUED, what="a start")
         import time
 
         time.sleep(rng.uniform(0, 0.08))  # a random moment within the run's life

@@ -102,7 +102,8 @@ def test_cancel_stop_completion_and_failure_race_to_one_terminal_state(gang):
         run = check_run_history(run.id)
         assert run.state == RunState.ENDED
         won = [cause for kind, cause, outcome in results
-               if (kind == "finish" and outcome is True) or (kind == "request" and outcome == "durable")]
+               if (kind == "finish" and outcome is True)
+               or (kind == "request" and outcome == "durable")]
         assert won == [run.end_cause], (round_no, results, run.end_cause)
         if not from_queued:
             # Cancel and stop of a running run only record the intent: an attempt decides.
@@ -117,7 +118,7 @@ def test_resume_racing_cancel_consumes_the_ticket_at_most_once(gang):
     threads = gang(8)
     rng = random.Random(11)
     outcomes = {"resumed_then_ended": 0, "ended_before_resume": 0}
-    for round_no in range(ROUNDS):
+    for _ in range(ROUNDS):
         run, ticket_id = awaiting_run()
 
         def resumer():

@@ -79,7 +79,8 @@ class Late(Agent):
 
     async def run(self, ctx):
         async with ctx.step():
-            answer = await ctx.infer(ignores_cancellation(float(ctx.input.get("late_seconds", 2.0))))
+            late = float(ctx.input.get("late_seconds", 2.0))
+            answer = await ctx.infer(ignores_cancellation(late))
         return {"answer": answer}
 
 

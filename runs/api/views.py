@@ -103,8 +103,8 @@ class RunListView(OperatorPostMixin, APIView):
                     raise InvalidRequest("parent_id must be a UUID.", field=name) from None
             filters[name] = value
         limit = int_param(request, "limit", 50, low=1, high=500)
-        page, cursor = selectors.run_list(filters=filters, cursor=request.query_params.get("cursor"),
-                                          limit=limit)
+        page, cursor = selectors.run_list(
+            filters=filters, cursor=request.query_params.get("cursor"), limit=limit)
         next_url = None
         if cursor:
             query = request.query_params.copy()

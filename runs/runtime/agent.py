@@ -9,8 +9,9 @@ against the attempt's cancellation token.
 
 import asyncio
 import inspect
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from runs.runtime.token import CancellationToken, Why
 

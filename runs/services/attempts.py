@@ -35,8 +35,8 @@ from runs.services.core import (
     record_intent,
     release_claim,
 )
-from runs.services.runs import dispatch_later
 from runs.services.errors import Fenced
+from runs.services.runs import dispatch_later
 
 
 def attempt_start(*, run_id, owner: str, lease_seconds: float) -> Attempt | None:

@@ -2,15 +2,23 @@
 
 import hashlib
 import json
-from functools import partial
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from runs import agents
-from runs.models import ControlAction, ControlIntent, EventKind, Run, RunState, StopCode, TicketState
+from runs.models import (
+    ControlAction,
+    ControlIntent,
+    EventKind,
+    Run,
+    RunState,
+    StopCode,
+    TicketState,
+)
 from runs.services.core import Ending, finish, locked_run, pending_intent, record, record_intent
 from runs.services.errors import (
     IdempotencyConflict,
@@ -41,7 +49,8 @@ def run_create(
     With an ``idempotency_key`` the same user replaying the same request gets the run the
     first call created (``created`` is False); a different request under the same key is an
     ``IdempotencyConflict``. The insert itself is the check (runs_run_idempotency_key_unique).
-    ``dispatch=False`` leaves the run to the caller to claim (a child run started in-process).
+    ``dispatch=False`` leaves the run to the caller to claim (a child run started
+    in-process); if no claim follows, the sweeper hands it to a worker like a lost message.
     """
     input = {} if input is None else input
     budget = _clean_budget(budget or {})
@@ -57,7 +66,7 @@ def run_create(
     fingerprint = _fingerprint(agent, input, thread_id, parent_id, budget, start_after)
 
     run = Run(
-        dispatched_at=timezone.now() if dispatch else None,
+        dispatched_at=timezone.now(),
         agent=agent,
         input=input,
         parent=parent,
@@ -78,7 +87,8 @@ def run_create(
     except IntegrityError:
         if idempotency_key is None:
             raise
-        existing = Run.objects.filter(created_by=created_by, idempotency_key=idempotency_key).first()
+        existing = Run.objects.filter(created_by=created_by,
+                                      idempotency_key=idempotency_key).first()
         if existing is None:
             raise
         run = existing

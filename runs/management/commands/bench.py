@@ -16,7 +16,6 @@ import sys
 import tempfile
 import time
 import uuid
-from contextlib import contextmanager
 
 from django.conf import settings
 from django.core.management import call_command
@@ -183,8 +182,9 @@ class Command(BaseCommand):
         while len(answered) < cancels:
             runs = [self.create(client, "demo.hang")
                     for _ in range(min(batch, cancels - len(answered)))]
-            wait_until(lambda: Run.objects.filter(pk__in=runs, state=RunState.RUNNING).count()
-                       == len(runs), 60, "the runs to cancel to start")
+            wait_until(lambda runs=runs: Run.objects.filter(
+                pk__in=runs, state=RunState.RUNNING).count() == len(runs), 60,
+                "the runs to cancel to start")
             for run_id in runs:
                 sent_wall, sent = time.time(), time.monotonic()
                 status, body = client.call("POST", f"/api/runs/{run_id}/cancel/", {})
@@ -218,10 +218,12 @@ class Command(BaseCommand):
         for _ in range(cancels):
             key = f"awaken-bench:{uuid.uuid4().hex}"
             result = bench_hang.apply_async(args=[key], queue=f"{queue}-prefork")
-            wait_until(lambda: client.exists(f"{key}:started"), 30, "the plain task to start")
+            wait_until(lambda key=key: client.exists(f"{key}:started"), 30,
+                       "the plain task to start")
             sent = time.time()
             app.control.revoke(result.id, terminate=True, signal="SIGUSR1")
-            wait_until(lambda: client.exists(f"{key}:stopped"), 30, "the plain task to stop")
+            wait_until(lambda key=key: client.exists(f"{key}:stopped"), 30,
+                       "the plain task to stop")
             samples.append((float(client.get(f"{key}:stopped")) - sent) * 1000)
             client.delete(f"{key}:started", f"{key}:stopped")
         return ("-", "baseline: revoke(terminate=True) -> plain task interrupted", samples,
