@@ -10,12 +10,16 @@ import json
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from runs import broadcast, selectors
+from runs import broadcast, fanout, selectors
 from runs.roles import is_viewer
 from runs.services.errors import RunNotFound
 
 
 class RunsConsumer(AsyncWebsocketConsumer):
+    # No channel of its own: the process's hub (runs.fanout) receives each group message
+    # once and writes it to every local socket of the group.
+    channel_layer_alias = None
+
     async def connect(self):
         user = self.scope.get("user")
         self.run_id = self.scope["url_route"]["kwargs"].get("run_id")
@@ -32,14 +36,14 @@ class RunsConsumer(AsyncWebsocketConsumer):
         self.group = broadcast.run_group(self.run_id) if self.run_id else broadcast.RUNS_GROUP
         # Subscribe before the snapshot is read: a commit in between arrives as a push
         # (possibly also in the snapshot; clients keep the newest version of each run).
-        await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+        await fanout.hub().join(self.group, self)
         snapshot = await database_sync_to_async(selectors.socket_snapshot)(run_id=self.run_id)
         await self.send(text_data=json.dumps({"type": "snapshot", **snapshot}))
 
     async def disconnect(self, code):
         if getattr(self, "group", None):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+            await fanout.hub().leave(self.group, self)
 
     async def receive(self, text_data=None, bytes_data=None):
         try:
@@ -56,6 +60,6 @@ class RunsConsumer(AsyncWebsocketConsumer):
                                                                    run_id=self.run_id):
             await self.send(text_data=text)
 
-    async def run_changed(self, message):
-        # The broadcast carries the message encoded once for every socket.
-        await self.send(text_data=message["text"])
+    async def send_text(self, text: str) -> None:
+        """Called by the hub with a message encoded once for every socket."""
+        await self.send(text_data=text)
