@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
 from runs import selectors, services
@@ -243,8 +243,14 @@ def _settle(future: asyncio.Future, result, error) -> None:
 
 
 def _call_db(fn, kwargs):
-    close_old_connections()
-    return fn(**kwargs)
+    """Run a service in a database thread. Each thread keeps its pooled connection between
+    calls (returning it to the pool after every call costs more than the call); after a
+    database error it is given back, and the next call takes a fresh one."""
+    try:
+        return fn(**kwargs)
+    except DatabaseError:
+        close_old_connections()
+        raise
 
 
 _executor: Executor | None = None
