@@ -16,3 +16,10 @@ def ms_since(later, earlier) -> str:
     if not later or not earlier:
         return ""
     return f"+{(later - earlier).total_seconds() * 1000:.0f} ms"
+
+
+@register.filter
+def event_note(event) -> str:
+    """The why of an event, if it has one: a request's reason, a stop's, or an error."""
+    data = event.data or {}
+    return data.get("reason") or data.get("stop_reason") or data.get("error") or ""

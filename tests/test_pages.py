@@ -1,0 +1,93 @@
+"""The HTML pages: who sees what, and the partials the live page swaps in."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+from django.test import Client
+
+from runs import services
+from tests.conftest import make_user
+from tests.factories import queued_run
+from tests.workers import ROOT
+
+pytestmark = pytest.mark.django_db
+
+ROW = re.compile(r'<tr class="run" data-run-id="[0-9a-f-]{36}"')
+
+
+def browser(user=None) -> Client:
+    client = Client()
+    if user is not None:
+        client.force_login(user)
+    return client
+
+
+def test_anonymous_visitors_are_sent_to_the_login_form():
+    response = browser().get("/")
+    assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
+    login = browser().get("/accounts/login/")
+    assert b'name="username"' in login.content and b'name="password"' in login.content
+
+
+def test_a_user_without_a_role_is_refused():
+    assert browser(make_user("sam")).get("/").status_code == 403
+
+
+def test_operators_get_controls_and_the_form_viewers_do_not():
+    run = queued_run()
+    operator_page = browser(make_user("olga", "operator")).get("/").content.decode()
+    viewer_page = browser(make_user("vic", "viewer")).get("/").content.decode()
+    for page in (operator_page, viewer_page):
+        assert f'data-run-id="{run.id}"' in page and 'data-state="queued"' in page
+    assert 'data-action="cancel"' in operator_page and 'data-action="create"' in operator_page
+    assert "data-action=" not in viewer_page
+
+
+def test_filters_and_search():
+    steps, hang = queued_run("demo.steps", thread_id="t-1"), queued_run("demo.hang")
+    services.run_cancel(run_id=hang.id, actor="olga", source="api")
+    client = browser(make_user("vic", "viewer"))
+    cancelled = client.get("/", {"status": "cancelled"}).content.decode()
+    assert str(hang.id) in cancelled and str(steps.id) not in cancelled
+    by_agent = client.get("/", {"agent": "demo.steps"}).content.decode()
+    assert str(steps.id) in by_agent and str(hang.id) not in by_agent
+    assert str(steps.id) in client.get("/", {"q": "t-1"}).content.decode()
+    assert str(hang.id) in client.get("/", {"q": str(hang.id)}).content.decode()
+
+
+def test_load_more_pages_through_the_same_partial():
+    runs = [queued_run() for _ in range(55)]
+    client = browser(make_user("vic", "viewer"))
+    first = client.get("/").content.decode()
+    assert len(ROW.findall(first)) == 50 and 'data-action="more"' in first
+    cursor = first.split('data-cursor="')[1].split('"')[0]
+    rest = client.get("/runs/rows/", {"cursor": cursor}).content.decode()
+    assert len(ROW.findall(rest)) == 5 and str(runs[0].id) in rest
+    assert client.get("/runs/rows/", {"cursor": "garbage"}).status_code == 404
+
+
+def test_a_runs_page_shows_its_story():
+    parent = queued_run()
+    child = queued_run(parent_id=parent.id)
+    services.run_stop(run_id=parent.id, actor="olga", source="ui", reason="enough for today")
+    client = browser(make_user("vic", "viewer"))
+    page = client.get(f"/runs/{parent.id}/").content.decode()
+    assert "enough for today" in page and "Control requests" in page
+    assert f'data-run-id="{child.id}"' in page
+    assert client.get(f"/runs/{parent.id}/panel/").status_code == 200
+    assert client.get("/runs/00000000-0000-0000-0000-000000000000/").status_code == 404
+
+
+def test_healthz_needs_no_user():
+    body = browser().get("/healthz").json()
+    assert body["db"] == "ok" and body["broker"] in ("ok", "down")
+    assert isinstance(body["workers"], int)
+
+
+def test_without_debug_the_server_refuses_to_start_without_a_secret_key():
+    env = {"PATH": "/usr/bin:/bin", "DEBUG": "0", "DJANGO_SETTINGS_MODULE": "awaken_site.settings"}
+    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env,
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and "SECRET_KEY must be set" in result.stderr
