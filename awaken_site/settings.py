@@ -160,8 +160,16 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
 }
 
+# Behind TLS (production): cookies over HTTPS only, redirect plain HTTP, HSTS.
 SESSION_COOKIE_SECURE = envbool("SECURE_COOKIES", "0")
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "0")
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]  # probes speak plain HTTP
+SECURE_HSTS_SECONDS = envnumber("SECURE_HSTS_SECONDS", "0", minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
+SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", "0")
+if envbool("BEHIND_TLS_PROXY", "0"):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # --- REST API -------------------------------------------------------------------------
 

@@ -194,3 +194,14 @@ def test_a_bad_client_message_gets_an_error_and_changes_nothing(viewer, message)
     before = Event.objects.count()
     run_async(body)
     assert Event.objects.count() == before
+
+
+def test_both_sockets_refuse_anonymous_users():
+    run = queued_run()
+
+    async def body():
+        for path in ("/ws/runs/", f"/ws/runs/{run.id}/"):
+            _, connected, _ = await connect(path, [ORIGIN])
+            assert not connected, path
+
+    run_async(body)

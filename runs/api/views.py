@@ -75,6 +75,7 @@ class RunListView(OperatorPostMixin, APIView):
     }
 
     @extend_schema(
+        operation_id="runs_list",
         parameters=[
             OpenApiParameter("state", enum=RunState.values),
             OpenApiParameter("end_cause", enum=EndCause.values),
@@ -140,13 +141,13 @@ def source(request) -> str:
 
 
 class RunDetailView(APIView):
-    @extend_schema(responses={200: s.RunSerializer, **ERRORS})
+    @extend_schema(operation_id="runs_retrieve", responses={200: s.RunSerializer, **ERRORS})
     def get(self, request, run_id):
         return Response(s.RunSerializer(selectors.run_get(run_id)).data)
 
 
 class RunEventsView(APIView):
-    @extend_schema(parameters=[OpenApiParameter("after", int)],
+    @extend_schema(operation_id="runs_events_list", parameters=[OpenApiParameter("after", int)],
                    responses={200: s.EventPageSerializer, **ERRORS})
     def get(self, request, run_id):
         run = selectors.run_get(run_id)
@@ -156,7 +157,8 @@ class RunEventsView(APIView):
 
 
 class EventListView(APIView):
-    @extend_schema(parameters=[OpenApiParameter("after", int), OpenApiParameter("limit", int)],
+    @extend_schema(operation_id="events_list",
+                   parameters=[OpenApiParameter("after", int), OpenApiParameter("limit", int)],
                    responses={200: s.EventPageSerializer, **ERRORS})
     def get(self, request):
         """Committed events of all runs in seq order; page on with after = the last seq."""
