@@ -12,6 +12,7 @@ urlpatterns = [
     path("runs/<uuid:run_id>/", views.detail, name="runs-page"),
     path("runs/<uuid:run_id>/panel/", views.panel, name="runs-panel"),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", views.metrics, name="metrics"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -2,6 +2,7 @@
 
 from django.conf import settings
 
+from runs.metrics import NOT_ACTIVE
 from runs.services import NotActive
 
 
@@ -21,6 +22,7 @@ def deliver(*, run_id, generation: int, owner: str | None, command: str,
     from awaken_site.celery import app
 
     if owner is None:
+        NOT_ACTIVE.labels(command).inc()
         raise NotActive(f"Run {run_id} has no live attempt.")
     node = owner_node(owner)
     replies = app.control.broadcast(
@@ -30,5 +32,6 @@ def deliver(*, run_id, generation: int, owner: str | None, command: str,
         destination=[node], reply=True, limit=1, timeout=settings.AWAKEN_DELIVERY_TIMEOUT,
     ) or []
     if not any(answer.get("delivered") for reply in replies for answer in reply.values()):
+        NOT_ACTIVE.labels(command).inc()
         raise NotActive(f"The attempt of run {run_id} did not take the {command}.")
     return generation

@@ -328,6 +328,12 @@ class ControlAction(models.TextChoices):
     STOP = "stop", "Stop"
 
 
+class AppliedVia(models.TextChoices):
+    LIVE = "live", "Live attempt"  # the attempt ended the run (signal, renewal or its own end)
+    DURABLE = "durable", "Durable path"  # queued or awaiting: ended with the request
+    SWEEPER = "sweeper", "Sweeper"  # the attempt's lease expired
+
+
 class ControlIntent(models.Model):
     """A durable "cancel" or "stop(reason)" request, written before any signal is sent."""
 
@@ -344,6 +350,10 @@ class ControlIntent(models.Model):
     applied_at = models.DateTimeField(
         null=True, blank=True, help_text="When the run's terminal state was committed."
     )
+    applied_via = models.CharField(
+        max_length=16, choices=AppliedVia.choices, null=True, blank=True,
+        help_text="Which path committed the terminal state.",
+    )
 
     class Meta:
         ordering = ["-requested_at"]
@@ -358,6 +368,11 @@ class ControlIntent(models.Model):
                     | Q(action=ControlAction.CANCEL, stop_code__isnull=True)
                 ),
                 name="runs_intent_stop_has_code_and_reason",
+            ),
+            models.CheckConstraint(
+                condition=(Q(applied_at__isnull=True, applied_via__isnull=True)
+                           | Q(applied_at__isnull=False, applied_via__in=AppliedVia.values)),
+                name="runs_intent_applied_via_iff_applied",
             ),
             # One pending request per run: a second cancel or stop joins the first. Its index
             # also serves the lookups of pending intents (attempt_renew, the sweeper).

@@ -3,7 +3,7 @@
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import connection
-from django.http import Http404, JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
@@ -87,6 +87,17 @@ def run_panel(run_id) -> dict:
         return selectors.run_page(run_id=run_id)
     except RunNotFound:
         raise Http404("No such run.") from None
+
+
+@require_GET
+def metrics(request):
+    """Prometheus exposition, for scrapers (no user needed, like /healthz)."""
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+    from runs import metrics as awaken_metrics
+
+    awaken_metrics.register()
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
 
 
 @require_GET

@@ -66,6 +66,7 @@ def test_live_cancel_ends_a_hung_attempt_at_once(worker, api, agent):
     assert (body["state"], body["end_cause"]) == ("ended", "cancelled")
     assert body["control"]["delivered_at"] is not None
     assert body["control"]["applied_at"] is not None
+    assert run_of(run_id).control.applied_via == "live"
     assert_one_clean_end(run_id)
 
 
@@ -258,6 +259,8 @@ def test_a_cancel_accepted_while_the_worker_is_dead_is_applied(spare_worker, api
     sweep_until(lambda: run_of(run_id).state == RunState.ENDED, 8, "the lease to expire")
     run = run_of(run_id)
     assert run.end_cause == "cancelled" and run.control.applied_at is not None
+    assert run.control.applied_via == "sweeper"
+    assert run.attempts.get().close_reason == "lost"
     assert_one_clean_end(run_id)
 
 

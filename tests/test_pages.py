@@ -91,3 +91,32 @@ def test_without_debug_the_server_refuses_to_start_without_a_secret_key():
     result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env,
                             capture_output=True, text=True)
     assert result.returncode != 0 and "SECRET_KEY must be set" in result.stderr
+
+
+def test_metrics_report_stop_health():
+    durable = queued_run()
+    services.run_cancel(run_id=durable.id, actor="olga", source="api")
+    queued_run()
+    body = browser().get("/metrics").content.decode()
+    assert 'awaken_runs{end_cause="cancelled",state="ended"} 1.0' in body
+    assert 'awaken_runs{end_cause="",state="queued"} 1.0' in body
+    assert "awaken_pending_intents 0.0" in body
+    assert 'awaken_time_to_stop_seconds_count{path="durable"} 1.0' in body
+    assert 'awaken_time_to_stop_seconds_bucket{le="+Inf",path="durable"} 1.0' in body
+    assert "awaken_lease_expiries_total 0.0" in body
+
+
+def test_not_active_answers_are_counted(operator):
+    from tests.conftest import client_for
+
+    run = queued_run()
+    before = browser().get("/metrics").content.decode()
+    client_for(operator).post(f"/api/runs/{run.id}/deliver/", {"command": "wake"}, format="json")
+    after = browser().get("/metrics").content.decode()
+
+    def count(text):
+        line = [x for x in text.splitlines()
+                if x.startswith('awaken_not_active_total{command="wake"}')]
+        return float(line[0].split()[-1]) if line else 0.0
+
+    assert count(after) == count(before) + 1

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from runs import dispatch
 from runs.models import (
+    AppliedVia,
     Attempt,
     AttemptState,
     CloseReason,
@@ -204,10 +205,10 @@ def attempt_expire(*, run_id, generation: int, max_crash_retries: int) -> str | 
         intent = pending_intent(run)
         if intent is not None:
             finish(run, Ending.from_intent(intent), actor=intent.requested_by,
-                   source=intent.source)
+                   source=intent.source, via=AppliedVia.SWEEPER)
             return "applied"
         if run.crash_retries >= max_crash_retries:
-            finish(run, Ending.failed("worker lost"), source="worker")
+            finish(run, Ending.failed("worker lost"), source="worker", via=AppliedVia.SWEEPER)
             return "failed"
         released = release_claim(run, CloseReason.LOST, now=now)
         run.crash_retries += 1

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from runs import broadcast
 from runs.models import (
+    AppliedVia,
     Attempt,
     AttemptState,
     CloseReason,
@@ -133,6 +134,7 @@ def finish(
     generation: int | None = None,
     actor: str | None = None,
     source: str | None = None,
+    via: str = AppliedVia.LIVE,
 ) -> bool:
     """The finish boundary: commit ``ending`` as the run's terminal state, or refuse.
 
@@ -145,7 +147,7 @@ def finish(
     1. the run moves to ``ended`` with the cause, its details and ``ended_at``;
     2. the live attempt (if any) is closed and its running time added to the run;
     3. the open ticket (if any) is revoked;
-    4. the pending control intent (if any) is marked applied;
+    4. the pending control intent (if any) is marked applied, ``via`` which path;
     5. exactly one ``ended`` event is written.
     """
     if run.state == RunState.ENDED:
@@ -156,7 +158,8 @@ def finish(
     now = timezone.now()
     fields = ["state", "end_cause", "ended_at"]
     if run.state == RunState.RUNNING:
-        fields += release_claim(run, ending.cause, now=now)
+        lost = via == AppliedVia.SWEEPER
+        fields += release_claim(run, CloseReason.LOST if lost else ending.cause, now=now)
     if run.ticket is not None:
         run.ticket.state = TicketState.REVOKED
         run.ticket.closed_at = now
@@ -167,7 +170,8 @@ def finish(
     intent = pending_intent(run)
     if intent is not None:
         intent.applied_at = now
-        intent.save(update_fields=["applied_at", "delivered_at"])
+        intent.applied_via = via
+        intent.save(update_fields=["applied_at", "applied_via", "delivered_at"])
 
     run.state = RunState.ENDED
     run.end_cause = ending.cause

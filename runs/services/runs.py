@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from runs import agents
 from runs.models import (
+    AppliedVia,
     ControlAction,
     ControlIntent,
     EventKind,
@@ -195,7 +196,8 @@ def _request_end(*, run_id, action, reason, stop_code, actor, source) -> Control
         if run.state == RunState.RUNNING:
             transaction.on_commit(_deliver_later(run, intent), robust=True)
             return ControlResult(run, "live", intent)
-        finish(run, Ending.from_intent(intent), actor=actor, source=source)
+        finish(run, Ending.from_intent(intent), actor=actor, source=source,
+               via=AppliedVia.DURABLE)
         return ControlResult(run, "durable", intent)
 
 

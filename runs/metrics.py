@@ -1,0 +1,69 @@
+"""Prometheus metrics of stop health, served at /metrics.
+
+What the database knows (runs by state, pending intents, time to stop by path, lease
+expiries) is read at scrape time, so every web process reports the same, whole-system
+figures. What happens inside one process (NotActive answers) is counted by that process.
+"""
+
+from datetime import timedelta
+
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
+from prometheus_client import REGISTRY, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from runs.models import AppliedVia, Attempt, CloseReason, ControlIntent, Run
+
+STOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+NOT_ACTIVE = Counter("awaken_not_active", "Live commands this process sent that were answered "
+                     "NotActive (no live attempt, or its owner did not take it).", ["command"])
+
+
+class DatabaseCollector:
+    """Whole-system figures, read from the database when scraped."""
+
+    def collect(self):
+        runs = GaugeMetricFamily("awaken_runs", "Runs by state and end cause.",
+                                 labels=["state", "end_cause"])
+        for row in Run.objects.values("state", "end_cause").annotate(n=Count("pk")).order_by():
+            runs.add_metric([row["state"], row["end_cause"] or ""], row["n"])
+        yield runs
+
+        yield GaugeMetricFamily(
+            "awaken_pending_intents", "Cancel or stop requests not yet applied.",
+            value=ControlIntent.objects.filter(applied_at__isnull=True).count())
+
+        yield self.time_to_stop()
+
+        yield CounterMetricFamily(
+            "awaken_lease_expiries", "Attempts whose lease expired (worker lost or frozen).",
+            value=Attempt.objects.filter(close_reason=CloseReason.LOST).count())
+
+    def time_to_stop(self) -> HistogramMetricFamily:
+        """Requested -> terminal state committed, by the path that committed it."""
+        took = ExpressionWrapper(F("applied_at") - F("requested_at"), output_field=DurationField())
+        buckets = {f"le_{i}": Count("pk", filter=Q(took__lte=timedelta(seconds=bound)))
+                   for i, bound in enumerate(STOP_BUCKETS)}
+        rows = (ControlIntent.objects.filter(applied_at__isnull=False).annotate(took=took)
+                .values("applied_via").annotate(total=Count("pk"), sum=Sum("took"), **buckets)
+                .order_by())
+        family = HistogramMetricFamily(
+            "awaken_time_to_stop_seconds",
+            "From a cancel or stop request to the committed terminal state, by path "
+            "(live attempt, durable path, sweeper).", labels=["path"])
+        for row in rows:
+            cumulative = [(str(bound), row[f"le_{i}"]) for i, bound in enumerate(STOP_BUCKETS)]
+            cumulative.append(("+Inf", row["total"]))
+            total = row["sum"].total_seconds() if row["sum"] is not None else 0.0
+            family.add_metric([row["applied_via"] or AppliedVia.LIVE], cumulative, total)
+        return family
+
+
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if not _registered:
+        REGISTRY.register(DatabaseCollector())
+        _registered = True
