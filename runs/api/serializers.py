@@ -7,7 +7,7 @@ from rest_framework import serializers
 from rest_framework.utils.encoders import JSONEncoder
 
 from runs import agents
-from runs.models import Event, Run
+from runs.models import EndCause, Event, Run, RunState
 
 
 class TicketSerializer(serializers.Serializer):
@@ -85,7 +85,7 @@ def change_text(*, run: Run, event: Event) -> str:
 
 
 class RunCreateSerializer(serializers.Serializer):
-    agent = serializers.CharField(max_length=100, help_text=f"One of {sorted(agents.CATALOGUE)}.")
+    agent = serializers.ChoiceField(choices=sorted(agents.CATALOGUE))
     input = serializers.DictField(required=False, default=dict)
     thread_id = serializers.CharField(required=False, max_length=200, allow_blank=False)
     parent_id = serializers.UUIDField(required=False, allow_null=True)
@@ -140,3 +140,30 @@ class RunPageSerializer(serializers.Serializer):
 class EventPageSerializer(serializers.Serializer):
     results = EventSerializer(many=True)
 
+
+
+# --- Query strings: one definition serves the validation and the OpenAPI document --------
+
+
+class RunListQuery(serializers.Serializer):
+    state = serializers.ChoiceField(choices=RunState.values, required=False)
+    end_cause = serializers.ChoiceField(choices=EndCause.values, required=False)
+    agent = serializers.CharField(required=False, max_length=100)
+    thread_id = serializers.CharField(required=False, max_length=200)
+    parent_id = serializers.UUIDField(required=False)
+    cursor = serializers.CharField(required=False, max_length=200)
+    limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=500)
+
+
+class EventsQuery(serializers.Serializer):
+    after = serializers.IntegerField(required=False, default=0, min_value=0, max_value=2**62)
+
+
+class EventFeedQuery(EventsQuery):
+    limit = serializers.IntegerField(required=False, default=100, min_value=1, max_value=1000)
+
+
+class WaitQuery(serializers.Serializer):
+    wait = serializers.FloatField(
+        required=False, default=5.0, min_value=0, max_value=30,
+        help_text="Seconds to wait for the committed result (0 = do not wait).")

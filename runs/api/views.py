@@ -1,6 +1,5 @@
 """REST endpoints: authenticate, look up, validate, call one service, answer committed state."""
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.authentication import SessionAuthentication
@@ -11,38 +10,18 @@ from runs import live, selectors, services
 from runs.api import serializers as s
 from runs.api import waiting
 from runs.api.permissions import IsOperator, IsViewer
-from runs.models import EndCause, RunState
+from runs.models import RunState
 from runs.services.errors import InvalidRequest
 
 ERRORS = {code: s.ErrorSerializer for code in (400, 401, 403, 404, 409)}
-WAIT = OpenApiParameter("wait", OpenApiTypes.NUMBER, description="Seconds to wait for the "
-                        "committed result (default 5, at most 30, 0 = do not wait).")
 
 
-def int_param(request, name: str, default: int, *, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be a whole number.", field=name) from None
-    if not low <= value <= high:
-        raise InvalidRequest(f"{name} must be between {low} and {high}.", field=name)
-    return value
-
-
-def wait_param(request) -> float:
-    raw = request.query_params.get("wait")
-    if raw in (None, ""):
-        return 5.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidRequest("wait must be a number of seconds.", field="wait") from None
-    if not 0 <= value <= 30:
-        raise InvalidRequest("wait must be between 0 and 30 seconds.", field="wait")
-    return value
+def query(serializer_class, request) -> dict:
+    """The validated query string; blank values count as absent."""
+    data = {key: value for key, value in request.query_params.items() if value != ""}
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
 
 
 def validated(serializer_class, request):
@@ -69,48 +48,18 @@ class OperatorPostMixin:
 
 
 class RunListView(OperatorPostMixin, APIView):
-    FILTERS = {
-        "state": RunState.values,
-        "end_cause": EndCause.values,
-    }
-
-    @extend_schema(
-        operation_id="runs_list",
-        parameters=[
-            OpenApiParameter("state", enum=RunState.values),
-            OpenApiParameter("end_cause", enum=EndCause.values),
-            OpenApiParameter("agent", str),
-            OpenApiParameter("thread_id", str),
-            OpenApiParameter("parent_id", OpenApiTypes.UUID),
-            OpenApiParameter("cursor", str),
-            OpenApiParameter("limit", int, description="Page size, 1 to 500 (default 50)."),
-        ],
-        responses={200: s.RunPageSerializer, **ERRORS},
-    )
+    @extend_schema(operation_id="runs_list", parameters=[s.RunListQuery],
+                   responses={200: s.RunPageSerializer, **ERRORS})
     def get(self, request):
         """Runs, newest first."""
-        filters = {}
-        for name in ("state", "end_cause", "agent", "thread_id", "parent_id"):
-            value = request.query_params.get(name)
-            if value in (None, ""):
-                continue
-            if name in self.FILTERS and value not in self.FILTERS[name]:
-                raise InvalidRequest(f"{name} must be one of {', '.join(self.FILTERS[name])}.",
-                                     field=name)
-            if name == "parent_id":
-                try:
-                    value = selectors.parse_run_id(value)
-                except services.RunNotFound:
-                    raise InvalidRequest("parent_id must be a UUID.", field=name) from None
-            filters[name] = value
-        limit = int_param(request, "limit", 50, low=1, high=500)
-        page, cursor = selectors.run_list(
-            filters=filters, cursor=request.query_params.get("cursor"), limit=limit)
+        filters = query(s.RunListQuery, request)
+        limit, cursor = filters.pop("limit"), filters.pop("cursor", None)
+        page, next_cursor = selectors.run_list(filters=filters, cursor=cursor, limit=limit)
         next_url = None
-        if cursor:
-            query = request.query_params.copy()
-            query["cursor"] = cursor
-            next_url = request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+        if next_cursor:
+            params = request.query_params.copy()
+            params["cursor"] = next_cursor
+            next_url = request.build_absolute_uri(f"{request.path}?{params.urlencode()}")
         return Response({"results": s.RunSerializer(page, many=True).data, "next": next_url})
 
     @extend_schema(
@@ -147,24 +96,20 @@ class RunDetailView(APIView):
 
 
 class RunEventsView(APIView):
-    @extend_schema(operation_id="runs_events_list", parameters=[OpenApiParameter("after", int)],
+    @extend_schema(operation_id="runs_events_list", parameters=[s.EventsQuery],
                    responses={200: s.EventPageSerializer, **ERRORS})
     def get(self, request, run_id):
         run = selectors.run_get(run_id)
-        after = int_param(request, "after", 0, low=0, high=2**62)
-        events = selectors.run_events(run=run, after=after)
+        events = selectors.run_events(run=run, **query(s.EventsQuery, request))
         return Response({"results": s.EventSerializer(events, many=True).data})
 
 
 class EventListView(APIView):
-    @extend_schema(operation_id="events_list",
-                   parameters=[OpenApiParameter("after", int), OpenApiParameter("limit", int)],
+    @extend_schema(operation_id="events_list", parameters=[s.EventFeedQuery],
                    responses={200: s.EventPageSerializer, **ERRORS})
     def get(self, request):
         """Committed events of all runs in seq order; page on with after = the last seq."""
-        after = int_param(request, "after", 0, low=0, high=2**62)
-        limit = int_param(request, "limit", 100, low=1, high=1000)
-        events = selectors.events_after(after=after, limit=limit)
+        events = selectors.events_after(**query(s.EventFeedQuery, request))
         return Response({"results": s.EventSerializer(events, many=True).data})
 
 
@@ -183,7 +128,7 @@ class EndRequestView(ControlView):
     def post(self, request, run_id):
         run_id = selectors.parse_run_id(run_id)
         data = validated(self.serializer_class, request)
-        wait = wait_param(request)
+        wait = query(s.WaitQuery, request)["wait"]
         result = self.request_end(run_id, data, actor=actor(request), source=source(request))
         return control_response(waiting.wait_for_end(result.run.id, wait))
 
@@ -191,7 +136,7 @@ class EndRequestView(ControlView):
 class RunCancelView(EndRequestView):
     serializer_class = s.CancelSerializer
 
-    @extend_schema(request=s.CancelSerializer, parameters=[WAIT],
+    @extend_schema(request=s.CancelSerializer, parameters=[s.WaitQuery],
                    responses={200: s.RunSerializer, 202: s.RunSerializer, **ERRORS})
     def post(self, request, run_id):
         """Cancel: 200 once ended (whatever cause committed first), 202 if still pending."""
@@ -204,7 +149,7 @@ class RunCancelView(EndRequestView):
 class RunStopView(EndRequestView):
     serializer_class = s.StopSerializer
 
-    @extend_schema(request=s.StopSerializer, parameters=[WAIT],
+    @extend_schema(request=s.StopSerializer, parameters=[s.WaitQuery],
                    responses={200: s.RunSerializer, 202: s.RunSerializer, **ERRORS})
     def post(self, request, run_id):
         """Stop with a reason (stop_code ``operator``): 200 once ended, 202 if still pending."""
@@ -227,12 +172,12 @@ class RunResumeView(ControlView):
 
 
 class RunPauseView(ControlView):
-    @extend_schema(request=None, parameters=[WAIT],
+    @extend_schema(request=None, parameters=[s.WaitQuery],
                    responses={200: s.RunSerializer, 202: s.RunSerializer, **ERRORS})
     def post(self, request, run_id):
         """Pause a running run at its next step boundary: 200 once awaiting with a ticket."""
         run = selectors.run_get(run_id)
-        wait = wait_param(request)
+        wait = query(s.WaitQuery, request)["wait"]
         live.deliver(run_id=run.id, generation=run.generation, owner=run.owner,
                      command="pause", actor=actor(request), source=source(request))
         run = waiting.wait_until_not_running(run.id, wait)
