@@ -84,6 +84,7 @@ class Watch:
         self._changed = threading.Event()
         self._lock = threading.Lock()
         self.run: dict | None = None
+        self.live = True
 
     def offer(self, run: dict) -> None:
         with self._lock:
@@ -119,9 +120,13 @@ class Watchers:
 
     @contextmanager
     def watch(self, run_id):
-        """``with watchers.watch(run_id) as watch:`` then ``watch.next(timeout)``."""
-        self._ensure_subscribed()
+        """``with watchers.watch(run_id) as watch:`` then ``watch.next(timeout)``.
+
+        While the channel layer is unreachable the watch is not ``live`` and gets no push:
+        the caller answers with the state committed so far instead of waiting.
+        """
         watch = Watch()
+        watch.live = self._ensure_subscribed()
         key = str(run_id)
         with self._lock:
             self._by_run.setdefault(key, set()).add(watch)
@@ -141,24 +146,25 @@ class Watchers:
         for watch in waiting:
             watch.offer(run)
 
-    def _ensure_subscribed(self) -> None:
+    def _ensure_subscribed(self, timeout: float = 2.0) -> bool:
         if get_channel_layer() is None:
-            raise RuntimeError("no channel layer is configured")
+            return False
         with self._lock:
             start, self._started = not self._started, True
         if start:
             loop = publisher._event_loop()
             loop.call_soon_threadsafe(lambda: loop.create_task(self._listen()))
-        if not self._subscribed.wait(10):
-            raise RuntimeError("could not subscribe to run changes")
+        return self._subscribed.wait(timeout)
 
     async def _listen(self) -> None:
+        """Keep one subscription to the runs group, re-made whenever the layer fails."""
         layer = get_channel_layer()
-        channel = await layer.new_channel()
-        refreshed = None
         loop = asyncio.get_running_loop()
+        channel, refreshed = None, None
         while True:
             try:
+                if channel is None:
+                    channel = await layer.new_channel()
                 if refreshed is None or loop.time() - refreshed > self.REFRESH_SECONDS:
                     await layer.group_add(RUNS_GROUP, channel)
                     refreshed = loop.time()
@@ -166,9 +172,10 @@ class Watchers:
                 message = await asyncio.wait_for(layer.receive(channel), self.REFRESH_SECONDS)
             except TimeoutError:
                 continue
-            except Exception:  # the layer is down: retry, waiters time out meanwhile
-                log.warning("run-change subscription failed", exc_info=True)
-                refreshed = None
+            except Exception:  # the layer is down: waiters answer without a push meanwhile
+                log.warning("run-change subscription failed; retrying", exc_info=True)
+                self._subscribed.clear()
+                channel, refreshed = None, None
                 await asyncio.sleep(1)
                 continue
             if message.get("type") == "run.changed":

@@ -305,3 +305,14 @@ def test_every_transition_is_broadcast_after_commit(django_capture_on_commit_cal
     assert pushed["type"] == "run.changed"
     assert pushed["event"]["kind"] == "created" and pushed["run"]["id"] == str(run.id)
     assert pushed["seq"] == pushed["event"]["seq"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failure_after_commit_never_undoes_or_fails_the_request(monkeypatch):
+    def broker_down(**kwargs):
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr("runs.dispatch.run_queued", broker_down)
+    monkeypatch.setattr("runs.broadcast.publisher.send", lambda *a, **k: broker_down())
+    run, created = services.run_create(agent="demo.steps")  # dispatch and broadcast both fail
+    assert created and Run.objects.get(pk=run.id).state == RunState.QUEUED

@@ -28,9 +28,10 @@ class Worker:
     """One worker process; ``node`` is its Celery node name (owner of its attempts)."""
 
     def __init__(self, name: str | None = None, *, lease_seconds: float = 1.5,
-                 concurrency: int = 4, private: bool = False, extra_env: dict | None = None):
+                 concurrency: int = 4, private: bool = False, extra_env: dict | None = None,
+                 broker: str | None = None):
         """``private``: consume only the worker's own queue (``self.queue``), so a test
-        decides exactly which runs it takes."""
+        decides exactly which runs it takes. ``broker``: another broker than the tests'."""
         self.name = name or f"t{uuid.uuid4().hex[:8]}"
         self.node = f"{self.name}@{socket.gethostname()}"
         self.queue = self.name if private else settings.CELERY_TASK_DEFAULT_QUEUE
@@ -45,6 +46,11 @@ class Worker:
              "--without-gossip", "-Q", self.queue, "--loglevel", "INFO"],
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
         )
+        self.control = app.control
+        if broker is not None:
+            from celery import Celery
+
+            self.control = Celery(broker=broker).control
         self.wait_ready()
 
     def wait_ready(self, timeout: float = 30) -> None:
@@ -52,7 +58,7 @@ class Worker:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"worker {self.node} exited: {self.output()}")
-            if app.control.ping(destination=[self.node], timeout=0.5):
+            if self.control.ping(destination=[self.node], timeout=0.5):
                 return
         raise RuntimeError(f"worker {self.node} did not answer a ping: {self.output()}")
 

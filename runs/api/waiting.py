@@ -28,7 +28,7 @@ def wait_until(run_id, wait: float, done) -> dict:
     deadline = time.monotonic() + wait
     with watchers.watch(run_id) as watch:
         run = committed(run_id)  # read again once subscribed: nothing slips in between
-        while not done(run):
+        while watch.live and not done(run):
             left = deadline - time.monotonic()
             pushed = watch.next(left) if left > 0 else None
             if pushed is None:

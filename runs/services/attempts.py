@@ -29,6 +29,7 @@ from runs.models import (
 )
 from runs.services.core import (
     Ending,
+    dispatch_after_commit,
     finish,
     locked_run,
     pending_intent,
@@ -37,7 +38,6 @@ from runs.services.core import (
     release_claim,
 )
 from runs.services.errors import Fenced
-from runs.services.runs import dispatch_later
 
 
 def attempt_start(*, run_id, owner: str, lease_seconds: float) -> Attempt | None:
@@ -218,7 +218,7 @@ def attempt_expire(*, run_id, generation: int, max_crash_retries: int) -> str | 
                                                  *released),
                source="worker", data={"lost_generation": generation,
                                       "crash_retries": run.crash_retries})
-        transaction.on_commit(dispatch_later(run), robust=True)
+        dispatch_after_commit(run)
         return "requeued"
 
 

@@ -8,7 +8,6 @@
 """
 
 from dataclasses import dataclass
-from functools import partial
 
 from django.db import transaction
 from django.utils import timezone
@@ -69,8 +68,29 @@ def record(
         source=source,
         data=data or {},
     )
-    transaction.on_commit(partial(broadcast.run_changed, run=run, event=event), robust=True)
+    after_commit(broadcast.run_changed, run=run, event=event)
     return event
+
+
+def after_commit(fn, /, **kwargs) -> None:
+    """Call ``fn(**kwargs)`` once the transaction commits, never before and never if it
+    rolls back. A failure there is logged, not raised: what committed stands, and the
+    sweeper and the lease renewals recover a lost dispatch or delivery."""
+
+    def hook():
+        fn(**kwargs)
+
+    # Django names the hook in its log line (a functools.partial has no name, and a
+    # failing robust hook without one turns into an error of its own).
+    hook.__qualname__ = hook.__name__ = f"{fn.__module__}.{fn.__qualname__}"
+    transaction.on_commit(hook, robust=True)
+
+
+def dispatch_after_commit(run: Run) -> None:
+    """Hand the queued ``run`` to a worker once the transaction commits."""
+    from runs import dispatch
+
+    after_commit(dispatch.run_queued, run_id=run.id, start_after=run.start_after)
 
 
 def pending_intent(run: Run) -> ControlIntent | None:

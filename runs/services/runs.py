@@ -4,7 +4,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -20,7 +19,16 @@ from runs.models import (
     StopCode,
     TicketState,
 )
-from runs.services.core import Ending, finish, locked_run, pending_intent, record, record_intent
+from runs.services.core import (
+    Ending,
+    after_commit,
+    dispatch_after_commit,
+    finish,
+    locked_run,
+    pending_intent,
+    record,
+    record_intent,
+)
 from runs.services.errors import (
     IdempotencyConflict,
     InvalidRequest,
@@ -84,7 +92,7 @@ def run_create(
             record(run, EventKind.CREATED, actor=_name(created_by), source=source,
                    data={"agent": agent})
             if dispatch:
-                transaction.on_commit(dispatch_later(run), robust=True)
+                dispatch_after_commit(run)
     except IntegrityError:
         if idempotency_key is None:
             raise
@@ -100,13 +108,6 @@ def run_create(
             "This Idempotency-Key was already used with a different request."
         )
     return run, False
-
-
-def dispatch_later(run: Run):
-    """The on-commit hook that hands a queued run to a worker."""
-    from runs import dispatch
-
-    return partial(dispatch.run_queued, run_id=run.id, start_after=run.start_after)
 
 
 def _clean_budget(budget: dict) -> dict:
@@ -194,18 +195,14 @@ def _request_end(*, run_id, action, reason, stop_code, actor, source) -> Control
         intent = record_intent(run, action=action, reason=reason, stop_code=stop_code,
                                actor=actor, source=source)
         if run.state == RunState.RUNNING:
-            transaction.on_commit(_deliver_later(run, intent), robust=True)
+            from runs import dispatch
+
+            after_commit(dispatch.intent_recorded, run_id=run.id, generation=run.generation,
+                         owner=run.owner, actor=intent.requested_by, source=intent.source)
             return ControlResult(run, "live", intent)
         finish(run, Ending.from_intent(intent), actor=actor, source=source,
                via=AppliedVia.DURABLE)
         return ControlResult(run, "durable", intent)
-
-
-def _deliver_later(run: Run, intent: ControlIntent):
-    from runs import dispatch
-
-    return partial(dispatch.intent_recorded, run_id=run.id, generation=run.generation,
-                   owner=run.owner, actor=intent.requested_by, source=intent.source)
 
 
 def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run:
@@ -232,5 +229,5 @@ def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run
         record(run, EventKind.RESUMED, fields=("ticket", "state", "dispatched_at"),
                actor=actor, source=source,
                data={"ticket": str(ticket.pk)})
-        transaction.on_commit(dispatch_later(run), robust=True)
+        dispatch_after_commit(run)
     return run
