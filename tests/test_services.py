@@ -316,3 +316,12 @@ def test_a_failure_after_commit_never_undoes_or_fails_the_request(monkeypatch):
     monkeypatch.setattr("runs.broadcast.publisher.send", lambda *a, **k: broker_down())
     run, created = services.run_create(agent="demo.steps")  # dispatch and broadcast both fail
     assert created and Run.objects.get(pk=run.id).state == RunState.QUEUED
+
+
+def test_a_bulk_import_writes_whole_histories():
+    assert services.runs_import(agent="demo.steps", count=5, batch=2) == 5
+    for run in Run.objects.all():
+        assert (run.state, run.end_cause, run.version) == ("ended", "completed", 2)
+        assert kinds(run) == ["created", "ended"]
+    with pytest.raises(services.InvalidRequest):
+        services.runs_import(agent="nope", count=1)

@@ -23,7 +23,14 @@ from runs.services.errors import (
     ServiceError,
     TicketMismatch,
 )
-from runs.services.runs import ControlResult, run_cancel, run_create, run_resume, run_stop
+from runs.services.runs import (
+    ControlResult,
+    run_cancel,
+    run_create,
+    run_resume,
+    run_stop,
+    runs_import,
+)
 
 __all__ = [
     "ControlResult",
@@ -52,4 +59,5 @@ __all__ = [
     "run_create",
     "run_resume",
     "run_stop",
+    "runs_import",
 ]

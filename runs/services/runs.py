@@ -13,6 +13,8 @@ from runs.models import (
     AppliedVia,
     ControlAction,
     ControlIntent,
+    EndCause,
+    Event,
     EventKind,
     Run,
     RunState,
@@ -108,6 +110,36 @@ def run_create(
             "This Idempotency-Key was already used with a different request."
         )
     return run, False
+
+
+def runs_import(*, agent: str, count: int, ended: bool = True, source: str = "cli",
+                batch: int = 2000) -> int:
+    """Create ``count`` runs of ``agent`` in bulk, each with its ``created`` event (and, with
+    ``ended``, already ended ``completed`` with its ``ended`` event): history brought in from
+    elsewhere, or data for a benchmark. No worker is asked to take them. Returns how many."""
+    if agent not in agents.CATALOGUE:
+        raise InvalidRequest(f"Unknown agent {agent!r}.", field="agent")
+    made = 0
+    while made < count:
+        size = min(batch, count - made)
+        now = timezone.now()
+        runs = [Run(agent=agent, input={}, state=RunState.ENDED if ended else RunState.QUEUED,
+                    end_cause=EndCause.COMPLETED if ended else None,
+                    ended_at=now if ended else None, version=2 if ended else 1,
+                    dispatched_at=now) for _ in range(size)]
+        for run in runs:
+            run.thread_id = str(run.id)
+        with transaction.atomic():
+            Run.objects.bulk_create(runs)
+            events = [Event(run=run, version=1, kind=EventKind.CREATED, state=RunState.QUEUED,
+                            generation=0, source=source) for run in runs]
+            if ended:
+                events += [Event(run=run, version=2, kind=EventKind.ENDED, state=RunState.ENDED,
+                                 end_cause=EndCause.COMPLETED, generation=0, source=source,
+                                 data={"cause": EndCause.COMPLETED}) for run in runs]
+            Event.objects.bulk_create(events)
+        made += size
+    return made
 
 
 def _clean_budget(budget: dict) -> dict:

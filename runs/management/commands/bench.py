@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 
 from django.conf import settings
 from django.core.management import call_command
@@ -85,58 +86,87 @@ def wait_until(condition, timeout: float, what: str):
 
 
 class Command(BaseCommand):
-    help = ("Measure live cancel latency (REST call -> committed end, -> 200, with a baseline) "
-            "or socket push latency (commit -> receipt by 1 and by N clients).")
+    help = ("Benchmarks: live cancel latency (with Celery's revoke as a baseline), socket push "
+            "latency, lifecycle throughput, run-list latency at 100k runs and memory per live "
+            "attempt. With no argument, all of them in one table.")
 
     def add_arguments(self, parser):
-        parser.add_argument("what", choices=["cancel", "push"])
+        parser.add_argument("what", nargs="?", default="all",
+                            choices=["all", "cancel", "push", "lifecycle", "list", "memory"])
+        parser.add_argument("--live", default="1,100,500",
+                            help="cancel: numbers of other live attempts on the worker.")
+        parser.add_argument("--cancels", type=int, default=300, help="cancel: samples per level.")
+        parser.add_argument("--batch", type=int, default=25,
+                            help="cancel: runs started together, then cancelled one by one.")
+        parser.add_argument("--no-baseline", action="store_true")
         parser.add_argument("--clients", default="1,1000",
-                            help="push: numbers of connected socket clients (comma list).")
+                            help="push: numbers of connected socket clients.")
         parser.add_argument("--commits", type=int, default=200,
                             help="push: committed transitions measured per client count.")
-        parser.add_argument("--live", default="1,100,500",
-                            help="Numbers of other live attempts on the worker (comma list).")
-        parser.add_argument("--cancels", type=int, default=300, help="Samples per level.")
-        parser.add_argument("--batch", type=int, default=25,
-                            help="Runs started together before they are cancelled one by one.")
-        parser.add_argument("--no-baseline", action="store_true")
+        parser.add_argument("--lifecycles", type=int, default=2000,
+                            help="lifecycle: runs created and completed.")
+        parser.add_argument("--workers", type=int, default=4,
+                            help="lifecycle: worker processes.")
+        parser.add_argument("--list-runs", type=int, default=100_000,
+                            help="list: runs in the database (imported in bulk if fewer).")
+        parser.add_argument("--attempts", type=int, default=500,
+                            help="memory: live attempts held by one worker process.")
 
-    def handle(self, what, live, cancels, batch, no_baseline, clients, commits, **options):
+    def handle(self, what, **options):
         if not settings.REDIS_URL or "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
             raise CommandError("Set DATABASE_URL (PostgreSQL) and REDIS_URL: the benchmark "
                                "runs separate processes, which need a shared database and layer.")
-        if what == "push":
-            return self.push([int(n) for n in clients.split(",")], commits)
-        levels = [int(n) for n in live.split(",")]
-        token = self.bench_user_token()
-        queue = f"awaken-bench-{uuid.uuid4().hex[:8]}"
-        env = {**os.environ, "AWAKEN_QUEUE": queue,
-               "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE",
-                                                        "awaken_site.settings")}
-        processes = Processes(env)
+        self.token = self.bench_user_token()
+        parts = {
+            "cancel": lambda: self.cancel([int(n) for n in options["live"].split(",")],
+                                          options["cancels"], options["batch"],
+                                          options["no_baseline"]),
+            "push": lambda: self.push([int(n) for n in options["clients"].split(",")],
+                                      options["commits"]),
+            "lifecycle": lambda: self.lifecycle(options["lifecycles"], options["workers"]),
+            "list": lambda: self.list_latency(options["list_runs"]),
+            "memory": lambda: self.memory(options["attempts"]),
+        }
         rows = []
+        for name in (parts if what == "all" else [what]):
+            try:
+                rows += parts[name]()
+            finally:
+                self.cleanup()
+        self.print_table(rows)
+
+    @contextmanager
+    def system(self, workers: int = 1):
+        """Web and worker processes of the benchmark's own, on a queue of its own."""
+        queue = f"awaken-bench-{uuid.uuid4().hex[:8]}"
+        processes = Processes({**os.environ, "AWAKEN_QUEUE": queue})
         try:
             port = free_port()
-            processes.start("web", sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p",
-                            str(port), "awaken_site.asgi:application")
-            processes.start("worker", sys.executable, "-m", "celery", "-A", "awaken_site",
-                            "worker", "--pool", "threads", "--concurrency", "8", "-n",
-                            f"bench-{queue}@%h", "-Q", queue, "--without-mingle",
-                            "--without-gossip", "--loglevel", "WARNING")
-            wait_until(lambda: self.health(port).get("workers", 0) >= 1, 60,
+            processes.start("web", sys.executable, "-m", "daphne", "-b", "127.0.0.1",
+                            "-p", str(port), "awaken_site.asgi:application")
+            nodes = []
+            for index in range(workers):
+                nodes.append(f"bench{index}-{queue}@{socket.gethostname()}")
+                processes.start(f"worker{index}", sys.executable, "-m", "celery", "-A",
+                                "awaken_site", "worker", "--pool", "threads", "--concurrency",
+                                "8", "-n", nodes[-1], "-Q", queue, "--without-mingle",
+                                "--without-gossip", "--loglevel", "WARNING")
+            wait_until(lambda: self.health(port).get("db") == "ok" and
+                       self.health(port).get("workers", 0) >= workers, 90,
                        "the web and worker processes")
-            client = Client(port, token)
+            yield port, processes, queue
+        finally:
+            processes.stop()
+
+    def cancel(self, levels, cancels, batch, no_baseline) -> list:
+        rows = []
+        with self.system() as (port, processes, queue):
+            client = Client(port, self.token)
             for level in levels:
                 rows += self.measure_level(client, level, cancels, batch)
             if not no_baseline:
                 rows.append(self.baseline(processes, queue, cancels))
-        finally:
-            processes.stop()
-            self.cleanup()
-        self.print_table(
-            f"Live cancel latency, {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}"
-            f", broker {settings.CELERY_BROKER_URL.split(':', 1)[0]}, {cancels} cancels per "
-            "level; 'committed' is the ended_at the committing transaction wrote", "live", rows)
+        return rows
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -196,8 +226,8 @@ class Command(BaseCommand):
         for run_id in background:
             client.call("POST", f"/api/runs/{run_id}/cancel/?wait=0", {})
         note = ", ".join(f"{code}: {count}" for code, count in sorted(codes.items()))
-        return [(level, "REST cancel -> ended/cancelled committed", committed, note),
-                (level, "REST cancel -> 200 response", answered, "")]
+        return [(f"{level} live", "REST cancel -> ended/cancelled committed", committed, note),
+                (f"{level} live", "REST cancel -> 200 response", answered, "")]
 
     def baseline(self, processes, queue, cancels) -> tuple:
         """Celery's own revoke(terminate=True) of a plain hanging task on a prefork worker."""
@@ -226,25 +256,30 @@ class Command(BaseCommand):
                        "the plain task to stop")
             samples.append((float(client.get(f"{key}:stopped")) - sent) * 1000)
             client.delete(f"{key}:started", f"{key}:stopped")
-        return ("-", "baseline: revoke(terminate=True) -> plain task interrupted", samples,
+        return ("", "baseline: Celery revoke(terminate=True) -> task interrupted", samples,
                 "prefork -c 2")
 
-    def print_table(self, title: str, first: str, rows) -> None:
-        """One table of (first column, measurement, samples, note) rows, in ms."""
-        self.stdout.write(f"\n{title}, {os.cpu_count()} cores; ms\n")
+    def print_table(self, rows) -> None:
+        """One table: (first column, measurement, samples or a single value, note) rows."""
+        database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+        broker = settings.CELERY_BROKER_URL.split(":", 1)[0]
+        self.stdout.write(f"\nawaken-site benchmarks: {os.cpu_count()} cores, {database}, "
+                          f"broker {broker}, Redis pub/sub channel layer; times in ms\n")
         width = max(len(name) for _, name, _, _ in rows) + 2
-        header = (f"{first:>7}  {'measurement':<{width}}{'n':>5}{'p50':>9}{'p95':>9}{'p99':>9}"
-                  "  note")
+        header = f"{'':>7}  {'measurement':<{width}}{'n':>6}{'p50':>10}{'p95':>9}{'p99':>9}  note"
         self.stdout.write(header)
         self.stdout.write("-" * len(header))
         for key, name, samples, note in rows:
-            p50, p95, p99 = percentiles(samples)
-            self.stdout.write(f"{key!s:>7}  {name:<{width}}{len(samples):>5}{p50:>9.2f}"
-                              f"{p95:>9.2f}{p99:>9.2f}  {note}")
+            if isinstance(samples, list):
+                p50, p95, p99 = percentiles(samples)
+                figures = f"{len(samples):>6}{p50:>10.2f}{p95:>9.2f}{p99:>9.2f}"
+            else:
+                figures = f"{'':>6}{samples:>10.1f}{'':>18}"
+            self.stdout.write(f"{key!s:>7}  {name:<{width}}{figures}  {note}")
 
     # --- socket push ------------------------------------------------------------------------
 
-    def push(self, levels: list[int], commits: int) -> None:
+    def push(self, levels: list[int], commits: int) -> list:
         """Commit a transition, and time its arrival at every connected socket client.
 
         The clients run in this process on one event loop in a thread of their own (their own
@@ -253,16 +288,10 @@ class Command(BaseCommand):
         """
         from runs import services
 
-        token = self.bench_user_token()
-        processes = Processes({**os.environ})
         rows = []
-        try:
-            port = free_port()
-            processes.start("web", sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p",
-                            str(port), "awaken_site.asgi:application")
-            wait_until(lambda: self.health(port).get("db") == "ok", 60, "the web process")
+        with self.system(workers=0) as (port, _, _):
             for count in levels:
-                swarm = Swarm(port, token, count)
+                swarm = Swarm(port, self.token, count)
                 try:
                     first, last = [], []
                     for _ in range(commits):
@@ -275,13 +304,94 @@ class Command(BaseCommand):
                         time.sleep(max(0.01, count / 5000))  # let the fan-out drain fully
                 finally:
                     swarm.close()
-                rows.append((count, "commit -> first client receives", first, ""))
-                rows.append((count, f"commit -> last of {count} clients receives", last, ""))
-        finally:
-            processes.stop()
-            self.cleanup()
-        self.print_table(f"Socket push latency, pub/sub channel layer on Redis, {commits} "
-                         "commits per row", "clients", rows)
+                rows.append((f"{count} ws", "commit -> first socket client receives", first, ""))
+                rows.append((f"{count} ws", f"commit -> last of {count} clients receives", last,
+                             ""))
+        return rows
+
+    # --- throughput, list latency, memory ----------------------------------------------------
+
+    def lifecycle(self, total: int, workers: int) -> list:
+        """Runs created over HTTP by 8 callers and completed by ``workers`` worker processes:
+        create -> claim -> one step -> completed, per second, first request to last end."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self.system(workers=workers) as (port, _, _):
+            created: list[str] = []
+
+            def make(count):
+                client = Client(port, self.token)
+                return [self.create(client, "demo.steps", {"steps": 1, "step_seconds": 0})
+                        for _ in range(count)]
+
+            started = time.monotonic()
+            with ThreadPoolExecutor(8) as pool:
+                for ids in pool.map(make, [total // 8] * 8):
+                    created += ids
+            wait_until(lambda: Run.objects.filter(pk__in=created, state=RunState.ENDED).count()
+                       == len(created), 600, "every run to complete")
+            elapsed = time.monotonic() - started
+            completed = Run.objects.filter(pk__in=created, end_cause="completed").count()
+        return [(f"{workers} wkr", "lifecycles per second (create -> completed)",
+                 len(created) / elapsed, f"{completed} of {len(created)} completed in "
+                 f"{elapsed:.1f} s")]
+
+    def list_latency(self, target: int, requests: int = 300) -> list:
+        """GET /api/runs/ with ``target`` runs in the database: the newest page, a filtered
+        page and a page half-way down the list (keyset cursor)."""
+        from runs import selectors, services
+
+        missing = target - Run.objects.count()
+        if missing > 0:
+            self.stdout.write(f"importing {missing} runs for the list benchmark...")
+            services.runs_import(agent="demo.steps", count=missing)
+        middle = Run.objects.order_by("-created_at", "-id")[Run.objects.count() // 2]
+        paths = {"newest page": "/api/runs/?limit=50",
+                 "state=ended page": "/api/runs/?state=ended&limit=50",
+                 "page half-way down": f"/api/runs/?limit=50&cursor="
+                                       f"{selectors.encode_cursor(middle)}"}
+        rows = []
+        with self.system(workers=0) as (port, _, _):
+            client = Client(port, self.token)
+            for name, path in paths.items():
+                samples = []
+                for _ in range(requests):
+                    started = time.monotonic()
+                    status, _ = client.call("GET", path)
+                    samples.append((time.monotonic() - started) * 1000)
+                    assert status == 200, status
+                rows.append((f"{Run.objects.count() // 1000}k", f"run list API, {name}",
+                             samples, "50 runs a page"))
+        return rows
+
+    def memory(self, attempts: int) -> list:
+        """Resident memory of one worker process with ``attempts`` live attempts, minus its
+        memory with one, divided by the difference."""
+        with self.system(workers=1) as (port, processes, _):
+            worker = processes.children[-1]
+            client = Client(port, self.token)
+
+            def start(count):
+                ids = [self.create(client, "demo.steps", {"steps": 1, "step_seconds": 86400})
+                       for _ in range(count)]
+                wait_until(lambda: Run.objects.filter(pk__in=ids, state=RunState.RUNNING)
+                           .count() == count, 300, f"{count} live attempts")
+                time.sleep(1)  # let the loop settle its buffers
+                return rss_kib(worker.pid)
+
+            base = start(1)
+            loaded = start(attempts - 1)
+        per_attempt = (loaded - base) / (attempts - 1)
+        return [(f"{attempts} at", "memory per live attempt (KiB)", per_attempt,
+                 f"worker RSS {base / 1024:.0f} -> {loaded / 1024:.0f} MiB")]
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise CommandError(f"no VmRSS for process {pid}")
 
 
 class Swarm:
