@@ -183,9 +183,11 @@ class Run(models.Model):
         indexes = [
             # The run list: newest first, optionally by state (runs.selectors.run_list).
             models.Index(fields=["-created_at", "-id"], name="runs_run_newest"),
-            models.Index(fields=["state", "-created_at"], name="runs_run_state_newest"),
-            models.Index(fields=["agent", "-created_at"], name="runs_run_agent_newest"),
-            models.Index(fields=["thread_id", "-created_at"], name="runs_run_thread_newest"),
+            # The same order for each filter, to the last key, so no page needs a sort.
+            models.Index(fields=["state", "-created_at", "-id"], name="runs_run_state_newest"),
+            models.Index(fields=["agent", "-created_at", "-id"], name="runs_run_agent_newest"),
+            models.Index(fields=["thread_id", "-created_at", "-id"],
+                         name="runs_run_thread_newest"),
             # The sweeper re-dispatches queued runs whose broker message may be lost.
             models.Index(
                 fields=["dispatched_at"],

@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from runs import agents
@@ -139,6 +139,10 @@ def runs_import(*, agent: str, count: int, ended: bool = True, source: str = "cl
                                  data={"cause": EndCause.COMPLETED}) for run in runs]
             Event.objects.bulk_create(events)
         made += size
+    if connection.vendor == "postgresql":
+        # Fresh statistics, or the planner chooses its plans for the table as it was.
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE runs_run, runs_event")
     return made
 
 
