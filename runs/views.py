@@ -56,7 +56,8 @@ def page_context(request, **extra) -> dict:
 def index(request):
     runs, cursor = page_of_runs(request)
     return render(request, "runs/index.html", page_context(
-        request, runs=runs, cursor=cursor, statuses=[*RunState.values[:-1], *EndCause.values],
+        request, runs=runs, cursor=cursor,
+        statuses=[*(s for s in RunState.values if s != RunState.ENDED), *EndCause.values],
         status=request.GET.get("status", ""), agent=request.GET.get("agent", ""),
         q=request.GET.get("q", "")))
 

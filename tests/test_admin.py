@@ -10,20 +10,20 @@ from tests.factories import awaiting_run, queued_run
 pytestmark = pytest.mark.django_db
 
 
+def logged_in_staff(username: str, role: str) -> Client:
+    client = Client()
+    client.force_login(make_user(username, role, is_staff=True))
+    return client
+
+
 @pytest.fixture
 def staff_operator(db):
-    user = make_user("ada", "operator", is_staff=True)
-    client = Client()
-    client.force_login(user)
-    return client
+    return logged_in_staff("ada", "operator")
 
 
 @pytest.fixture
 def staff_viewer(db):
-    user = make_user("vic", "viewer", is_staff=True)
-    client = Client()
-    client.force_login(user)
-    return client
+    return logged_in_staff("vic", "viewer")
 
 
 def act(client, model, action, ids, **extra):

@@ -163,12 +163,19 @@ def test_max_seconds_interrupts_a_hung_await(worker, api):
     assert (run.end_cause, run.stop_code) == ("stopped", "max_seconds")
 
 
+def parent_with_running_children(api, count: int = 2):
+    parent = create(api, "demo.parent", {"children": count, "child_agent": "demo.hang"})
+
+    def running_children():
+        ids = list(Run.objects.filter(parent_id=parent, state=RunState.RUNNING)
+                   .values_list("id", flat=True))
+        return ids if len(ids) == count else None
+
+    return parent, wait_for(running_children, what=f"{count} running children")
+
+
 def test_cancelling_a_parent_cancels_its_children(worker, api):
-    parent = create(api, "demo.parent", {"children": 2, "child_agent": "demo.hang"})
-    children = wait_for(lambda: (lambda ids: ids if len(ids) == 2 and all(
-        run_of(c).state == RunState.RUNNING for c in ids) else None)(
-        list(Run.objects.filter(parent_id=parent).values_list("id", flat=True))),
-        what="two running children")
+    parent, children = parent_with_running_children(api)
     assert api.post(f"/api/runs/{parent}/cancel/", {}, format="json").json()["end_cause"] == (
         "cancelled")
     for child in children:
@@ -176,11 +183,7 @@ def test_cancelling_a_parent_cancels_its_children(worker, api):
 
 
 def test_cancelling_a_child_leaves_its_parent_running(worker, api):
-    parent = create(api, "demo.parent", {"children": 2, "child_agent": "demo.hang"})
-    children = wait_for(lambda: (lambda ids: ids if len(ids) == 2 and all(
-        run_of(c).state == RunState.RUNNING for c in ids) else None)(
-        list(Run.objects.filter(parent_id=parent).values_list("id", flat=True))),
-        what="two running children")
+    parent, children = parent_with_running_children(api)
     assert api.post(f"/api/runs/{children[0]}/cancel/", {}, format="json").json()[
         "end_cause"] == "cancelled"
     assert run_of(parent).state == RunState.RUNNING
