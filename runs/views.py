@@ -33,8 +33,8 @@ def list_filters(request) -> dict:
         filters["state"] = status
     elif status in EndCause.values:
         filters["end_cause"] = status
-    if request.GET.get("agent") in agents.CATALOGUE:
-        filters["agent"] = request.GET["agent"]
+    if request.GET.get("by_agent") in agents.CATALOGUE:
+        filters["agent"] = request.GET["by_agent"]
     return filters
 
 
@@ -58,7 +58,7 @@ def index(request):
     return render(request, "runs/index.html", page_context(
         request, runs=runs, cursor=cursor,
         statuses=[*(s for s in RunState.values if s != RunState.ENDED), *EndCause.values],
-        status=request.GET.get("status", ""), agent=request.GET.get("agent", ""),
+        status=request.GET.get("status", ""), agent=request.GET.get("by_agent", ""),
         q=request.GET.get("q", "")))
 
 

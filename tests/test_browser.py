@@ -48,10 +48,9 @@ def operator_page(browser, embedded_site):
 
 
 def start_from_form(page, agent, input_json):
-    if not page.is_visible("#new-run"):
-        page.click(".new-run summary")
-    page.select_option('#new-run select[name="agent"]', agent)
-    page.fill('#new-run textarea[name="input"]', input_json)
+    # The page hooks of API.md, as an outside test would use them.
+    page.select_option('[name="agent"]', agent)
+    page.fill('[name="input"]', input_json)
     before = set(page.eval_on_selector_all("tr.run", "rows => rows.map(r => r.dataset.runId)"))
     page.click('[data-action="create"]')
     page.wait_for_function(
@@ -84,7 +83,7 @@ def test_stop_asks_for_a_reason_and_shows_it(operator_page):
     row = start_from_form(operator_page, "demo.hang_tool", "{}")
     operator_page.wait_for_selector(f'{row}[data-state="running"]')
     operator_page.click(f'{row} [data-action="stop"]')
-    operator_page.fill('#stop-dialog [name="reason"]', "over the time box")
+    operator_page.fill('[name="reason"]', "over the time box")
     operator_page.click('[data-action="confirm-stop"]')
     operator_page.wait_for_selector(f'{row}[data-end-cause="stopped"]')
     assert operator_page.text_content(f'{row} [data-field="reason"]') == "over the time box"

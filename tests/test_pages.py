@@ -51,7 +51,7 @@ def test_filters_and_search():
     client = browser(make_user("vic", "viewer"))
     cancelled = client.get("/", {"status": "cancelled"}).content.decode()
     assert str(hang.id) in cancelled and str(steps.id) not in cancelled
-    by_agent = client.get("/", {"agent": "demo.steps"}).content.decode()
+    by_agent = client.get("/", {"by_agent": "demo.steps"}).content.decode()
     assert str(steps.id) in by_agent and str(hang.id) not in by_agent
     assert str(steps.id) in client.get("/", {"q": "t-1"}).content.decode()
     assert str(hang.id) in client.get("/", {"q": str(hang.id)}).content.decode()
@@ -120,3 +120,11 @@ def test_not_active_answers_are_counted(operator):
         return float(line[0].split()[-1]) if line else 0.0
 
     assert count(after) == count(before) + 1
+
+
+def test_the_page_hooks_are_unambiguous():
+    queued_run()
+    page = browser(make_user("olga", "operator")).get("/").content.decode()
+    for hook in ('name="agent"', 'name="input"', 'name="reason"', 'data-action="create"',
+                 'data-action="confirm-stop"'):
+        assert page.count(hook) == 1, hook

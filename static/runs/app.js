@@ -109,7 +109,7 @@ function listPage(table) {
   const template = $("#run-row");
   const rows = new Map();
   for (const row of body.querySelectorAll("tr.run")) rows.set(row.dataset.runId, row);
-  const filters = { status: table.dataset.status, agent: table.dataset.agent, q: table.dataset.q };
+  const filters = { status: table.dataset.status, agent: table.dataset.byAgent, q: table.dataset.q };
 
   const matches = (run) =>
     (!filters.status || filters.status === run.state || filters.status === run.end_cause) &&
@@ -140,7 +140,9 @@ function listPage(table) {
     const more = event.target.closest('[data-action="more"]');
     if (!more) return;
     const marker = more.closest("tr.more");
-    const query = new URLSearchParams({ ...filters, cursor: marker.dataset.cursor });
+    const query = new URLSearchParams({
+      status: filters.status, by_agent: filters.agent, q: filters.q, cursor: marker.dataset.cursor,
+    });
     const response = await fetch(`/runs/rows/?${query}`, { credentials: "same-origin" });
     const holder = document.createElement("tbody");
     holder.innerHTML = await response.text();
@@ -236,7 +238,7 @@ function controls(apply) {
       case "resume":
         if (!resumeDialog) return;
         setField(resumeDialog, "resume-run", id.slice(0, 8));
-        resumeDialog.querySelector('[name="input"]').value =
+        resumeDialog.querySelector('[name="resume_input"]').value =
           row.dataset.ticketReason === "approval" ? '{"approved": true}' : "";
         resumeDialog.showModal();
         break;
@@ -252,7 +254,7 @@ function controls(apply) {
 
   resumeDialog?.addEventListener("close", () => {
     if (resumeDialog.returnValue !== "confirm" || !target) return;
-    const raw = resumeDialog.querySelector('[name="input"]').value.trim();
+    const raw = resumeDialog.querySelector('[name="resume_input"]').value.trim();
     let input = null;
     try {
       input = raw ? JSON.parse(raw) : null;
