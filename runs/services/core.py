@@ -82,7 +82,8 @@ def after_commit(fn, /, **kwargs) -> None:
 
     # Django names the hook in its log line (a functools.partial has no name, and a
     # failing robust hook without one turns into an error of its own).
-    hook.__qualname__ = hook.__name__ = f"{fn.__module__}.{fn.__qualname__}"
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    hook.__qualname__ = hook.__name__ = f"{getattr(fn, '__module__', '')}.{name}"
     transaction.on_commit(hook, robust=True)
 
 
