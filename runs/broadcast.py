@@ -43,7 +43,9 @@ class Publisher:
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Send on ``loop`` (the ASGI server's, say) instead of on a thread of our own."""
-        self._loop = loop
+        with self._lock:
+            self._loop = loop
+            self._drainer = None  # a drainer belongs to the loop it was started on
 
     def send(self, groups, message: dict) -> None:
         if get_channel_layer() is None:
