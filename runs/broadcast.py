@@ -65,15 +65,22 @@ class Publisher:
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
 
+    RETRY_DELAYS = (0.1, 0.5, 1.0)  # a dropped connection is re-made on the next try
+
     async def _drain(self) -> None:
         layer = get_channel_layer()
         while self._pending:
             groups, message = self._pending.popleft()
             for group in groups:
-                try:
-                    await layer.group_send(group, message)
-                except Exception:  # the layer is down: clients heal with "resume after seq"
-                    log.warning("broadcast to %s failed", group, exc_info=True)
+                for delay in (*self.RETRY_DELAYS, None):
+                    try:
+                        await layer.group_send(group, message)
+                        break
+                    except Exception:
+                        if delay is None:  # still down: clients heal with "resume after seq"
+                            log.warning("broadcast to %s failed", group, exc_info=True)
+                        else:
+                            await asyncio.sleep(delay)
 
 
 publisher = Publisher()

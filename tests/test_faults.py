@@ -167,3 +167,62 @@ def test_a_web_process_killed_after_recording_an_intent_loses_nothing(system):
     settle()
     run = run_of(run["id"])
     assert run.state == RunState.ENDED and run.end_cause == "cancelled"
+
+
+def test_sockets_heal_across_a_redis_restart(system):
+    """Pub/sub keeps nothing while the subscriber reconnects: pushes in that window can be
+    lost. The socket stays open, pushes flow again, and a resume replays what was missed."""
+    import asyncio
+    import threading
+
+    import websockets
+
+    redis, web, worker, token = system
+    seen, last_seq, connected = [], [0], threading.Event()
+    outbox: asyncio.Queue | None = None
+    loop_box = []
+
+    async def listen():
+        nonlocal outbox
+        outbox = asyncio.Queue()
+        loop_box.append(asyncio.get_running_loop())
+        async with websockets.connect(
+                f"ws://127.0.0.1:{web.port}/ws/runs/",
+                additional_headers={"Authorization": f"Token {token}"}) as socket_:
+            last_seq[0] = json.loads(await socket_.recv())["seq"]  # the snapshot
+            connected.set()
+
+            async def send_from_outbox():
+                while True:
+                    await socket_.send(await outbox.get())
+
+            sender = asyncio.create_task(send_from_outbox())
+            try:
+                async for text in socket_:
+                    message = json.loads(text)
+                    if message.get("type") == "run.changed":
+                        seen.append((message["run"]["id"], message["event"]["kind"]))
+            except websockets.ConnectionClosed:
+                pass  # the web process stops at the end of the test
+            finally:
+                sender.cancel()
+
+    threading.Thread(target=lambda: asyncio.run(listen()), daemon=True).start()
+    assert connected.wait(10)
+    before_restart = last_seq[0]
+    redis.stop()
+    redis.start()
+
+    def create():
+        return call(web.base, token, "POST", "/api/runs/", {
+            "agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0.01}})[1]["id"]
+
+    created = [create()]
+    # Pushes flow again once the subscription is re-made.
+    wait_for(lambda: created.append(create()) or (created[-2], "created") in seen, 20,
+             "pushes to flow again")
+    # Whatever was lost in the window comes back with a resume from the last seq seen.
+    loop_box[0].call_soon_threadsafe(
+        outbox.put_nowait, json.dumps({"type": "resume", "after": before_restart}))
+    wait_for(lambda: {(run_id, "created") for run_id in created} <= set(seen), 15,
+             "the resume to replay every missed event")

@@ -80,6 +80,18 @@ class Live {
     this.indicator.textContent = text;
   }
 
+  // The list socket carries every event, so seq has no holes but for rolled-back numbers:
+  // a hole still open a second later is asked for again (replays are dropped if known).
+  healLater(socket, after) {
+    if (this.healing) return;
+    this.healing = setTimeout(() => {
+      this.healing = null;
+      if (socket.readyState === WebSocket.OPEN) {
+        socket.send(JSON.stringify({ type: "resume", after }));
+      }
+    }, 1000);
+  }
+
   connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const socket = new WebSocket(`${scheme}://${location.host}${this.path}`);
@@ -91,6 +103,9 @@ class Live {
     };
     socket.onmessage = (event) => {
       const message = JSON.parse(event.data);
+      if (message.type === "run.changed" && message.seq > this.lastSeq + 1 && this.lastSeq) {
+        this.healLater(socket, this.lastSeq);  // a push went missing (or is still on its way)
+      }
       if (typeof message.seq === "number" && message.seq > this.lastSeq) this.lastSeq = message.seq;
       this.onMessage(message);
     };
