@@ -93,11 +93,13 @@ class AttemptView:
     max_tokens: int | None
 
 
-def attempt_view(*, run_id, generation: int) -> AttemptView:
-    run = Run.objects.get(pk=run_id)
-    ticket = (ResumeTicket.objects.filter(run_id=run_id, generation=generation - 1,
-                                          state=TicketState.CONSUMED)
-              .values_list("reason", "resume_input").first())
+def attempt_view(*, run: Run, generation: int) -> AttemptView:
+    """The view of ``run`` as its attempt ``generation`` claimed it (the claim's own copy)."""
+    ticket = None
+    if generation > 1:  # a first attempt follows no resume
+        ticket = (ResumeTicket.objects.filter(run_id=run.pk, generation=generation - 1,
+                                              state=TicketState.CONSUMED)
+                  .values_list("reason", "resume_input").first())
     return AttemptView(
         agent=run.agent, input=run.input or {}, agent_state=run.agent_state,
         resume=tuple(ticket) if ticket else None, steps=run.steps, tokens=run.tokens,

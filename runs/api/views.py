@@ -79,7 +79,8 @@ class RunListView(OperatorPostMixin, APIView):
             start_after=data.get("start_after"), created_by=request.user,
             idempotency_key=key, source=source(request),
         )
-        run = selectors.run_get(run.id)
+        if not created:  # a replayed key: answer with the run as it is now
+            run = selectors.run_get(run.id)
         return Response(s.RunSerializer(run).data,
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 

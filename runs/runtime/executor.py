@@ -67,8 +67,9 @@ class Executor:
         if attempt is None:
             return False
         self.stats["started"] += 1
+        view = selectors.attempt_view(run=attempt.run, generation=attempt.generation)
         asyncio.run_coroutine_threadsafe(
-            self._attempt(str(run_id), attempt.generation, CancellationToken()), self.loop)
+            self._attempt(str(run_id), attempt.generation, CancellationToken(), view), self.loop)
         return True
 
     # --- one attempt ---------------------------------------------------------------------
@@ -76,12 +77,11 @@ class Executor:
     async def db(self, fn, /, **kwargs):
         return await self.loop.run_in_executor(self._db, partial(_call_db, fn, kwargs))
 
-    async def _attempt(self, run_id: str, generation: int, token: CancellationToken):
+    async def _attempt(self, run_id: str, generation: int, token: CancellationToken, view):
         entry = Entry(run_id, generation, token, self.loop, nudge=asyncio.Event())
         self.registry.register(entry)
         timer = None
         try:
-            view = await self.db(selectors.attempt_view, run_id=run_id, generation=generation)
             ctx = Context(run_id=run_id, generation=generation, input=view.input,
                           state=view.agent_state, resume=view.resume, token=token, host=self)
             ctx.entry, ctx.view = entry, view
@@ -187,8 +187,10 @@ class Executor:
         attempt = await self.db(services.attempt_start, run_id=child.id, owner=self.owner,
                                 lease_seconds=self.lease_seconds)
         if attempt is not None:
+            view = await self.db(selectors.attempt_view, run=attempt.run,
+                                 generation=attempt.generation)
             task = self.loop.create_task(
-                self._attempt(str(child.id), attempt.generation, ctx.token.child()))
+                self._attempt(str(child.id), attempt.generation, ctx.token.child(), view))
             self.children.setdefault((ctx.run_id, ctx.generation), []).append((child.id, task))
         return child.id
 
