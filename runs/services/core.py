@@ -53,10 +53,16 @@ def record(
     actor: str | None = None,
     source: str | None = None,
     data: dict | None = None,
+    new: bool = False,
 ) -> Event:
-    """Save ``fields`` of the locked ``run``, bump its version and write one event."""
+    """Save ``fields`` of the locked ``run``, bump its version and write one event.
+
+    ``new``: the run is not in the database yet; it is inserted, as version 1."""
     run.version += 1
-    run.save(update_fields=[*fields, "version", "updated_at"])
+    if new:
+        run.save(force_insert=True)
+    else:
+        run.save(update_fields=[*fields, "version", "updated_at"])
     event = Event.objects.create(
         run=run,
         version=run.version,

@@ -90,9 +90,8 @@ def run_create(
     run.thread_id = thread_id or (parent.thread_id if parent else str(run.id))
     try:
         with transaction.atomic():
-            run.save(force_insert=True)
             record(run, EventKind.CREATED, actor=_name(created_by), source=source,
-                   data={"agent": agent})
+                   data={"agent": agent}, new=True)
             if dispatch:
                 dispatch_after_commit(run)
     except IntegrityError:
