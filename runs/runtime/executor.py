@@ -109,6 +109,7 @@ class Executor:
         finally:
             if timer is not None:
                 timer.cancel()
+            self.children.pop((run_id, generation), None)  # children not waited for run on
             self.registry.unregister(run_id, generation)
 
     async def _interrupted(self, run_id, generation, why: Why | None):
