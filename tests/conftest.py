@@ -4,6 +4,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import connections
+from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -25,6 +26,14 @@ def make_user(username: str, role: str | None = None, **extra) -> User:
         # get_or_create: a transactional test flushes the groups the migration made.
         user.groups.add(Group.objects.get_or_create(name=role)[0])
     return user
+
+
+def browser_for(user: User | None = None, **options) -> Client:
+    """A browser-like client, logged in with a session when ``user`` is given."""
+    client = Client(**options)
+    if user is not None:
+        client.force_login(user)
+    return client
 
 
 def client_for(user: User | None) -> APIClient:

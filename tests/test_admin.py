@@ -1,29 +1,22 @@
 """The admin: read-only rows, and actions that go through the services as source ``admin``."""
 
 import pytest
-from django.test import Client
 
 from runs.models import Event, ResumeTicket, Run, TicketState
-from tests.conftest import make_user
+from tests.conftest import browser_for, make_user
 from tests.factories import awaiting_run, queued_run
 
 pytestmark = pytest.mark.django_db
 
 
-def logged_in_staff(username: str, role: str) -> Client:
-    client = Client()
-    client.force_login(make_user(username, role, is_staff=True))
-    return client
-
-
 @pytest.fixture
 def staff_operator(db):
-    return logged_in_staff("ada", "operator")
+    return browser_for(make_user("ada", "operator", is_staff=True))
 
 
 @pytest.fixture
 def staff_viewer(db):
-    return logged_in_staff("vic", "viewer")
+    return browser_for(make_user("vic", "viewer", is_staff=True))
 
 
 def act(client, model, action, ids, **extra):

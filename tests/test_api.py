@@ -7,7 +7,7 @@ import yaml
 
 from runs import services
 from runs.models import Run
-from tests.conftest import client_for, db_state
+from tests.conftest import browser_for, client_for, db_state
 from tests.factories import awaiting_run, queued_run, running_run
 
 pytestmark = pytest.mark.django_db
@@ -128,11 +128,8 @@ def test_resume_wakes_an_awaiting_run(op_client):
 
 
 def test_session_auth_records_source_ui_and_needs_csrf(operator):
-    from django.test import Client
-
     run = queued_run()
-    browser = Client(enforce_csrf_checks=True)
-    browser.force_login(operator)
+    browser = browser_for(operator, enforce_csrf_checks=True)
     refused = browser.post(f"/api/runs/{run.id}/cancel/", {}, content_type="application/json")
     assert refused.status_code == 403
     browser.get("/accounts/login/")

@@ -6,13 +6,12 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
-from django.test import Client
 from rest_framework.authtoken.models import Token
 
 from awaken_site.asgi import application
 from runs import broadcast, services
 from runs.models import Event
-from tests.conftest import make_user
+from tests.conftest import browser_for, make_user
 from tests.factories import queued_run
 
 # Transactional: the consumers' database calls close and reopen connections, as they do
@@ -31,8 +30,7 @@ ORIGIN = (b"origin", b"http://127.0.0.1")
 
 
 def session_cookie(user) -> tuple:
-    client = Client()
-    client.force_login(user)
+    client = browser_for(user)
     return (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
 
 

@@ -5,10 +5,9 @@ import subprocess
 import sys
 
 import pytest
-from django.test import Client
 
 from runs import services
-from tests.conftest import make_user
+from tests.conftest import browser_for, make_user
 from tests.factories import queued_run
 from tests.workers import ROOT
 
@@ -17,28 +16,22 @@ pytestmark = pytest.mark.django_db
 ROW = re.compile(r'<tr class="run" data-run-id="[0-9a-f-]{36}"')
 
 
-def browser(user=None) -> Client:
-    client = Client()
-    if user is not None:
-        client.force_login(user)
-    return client
-
 
 def test_anonymous_visitors_are_sent_to_the_login_form():
-    response = browser().get("/")
+    response = browser_for().get("/")
     assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
-    login = browser().get("/accounts/login/")
+    login = browser_for().get("/accounts/login/")
     assert b'name="username"' in login.content and b'name="password"' in login.content
 
 
 def test_a_user_without_a_role_is_refused():
-    assert browser(make_user("sam")).get("/").status_code == 403
+    assert browser_for(make_user("sam")).get("/").status_code == 403
 
 
 def test_operators_get_controls_and_the_form_viewers_do_not():
     run = queued_run()
-    operator_page = browser(make_user("olga", "operator")).get("/").content.decode()
-    viewer_page = browser(make_user("vic", "viewer")).get("/").content.decode()
+    operator_page = browser_for(make_user("olga", "operator")).get("/").content.decode()
+    viewer_page = browser_for(make_user("vic", "viewer")).get("/").content.decode()
     for page in (operator_page, viewer_page):
         assert f'data-run-id="{run.id}"' in page and 'data-state="queued"' in page
     assert 'data-action="cancel"' in operator_page and 'data-action="create"' in operator_page
@@ -48,7 +41,7 @@ def test_operators_get_controls_and_the_form_viewers_do_not():
 def test_filters_and_search():
     steps, hang = queued_run("demo.steps", thread_id="t-1"), queued_run("demo.hang")
     services.run_cancel(run_id=hang.id, actor="olga", source="api")
-    client = browser(make_user("vic", "viewer"))
+    client = browser_for(make_user("vic", "viewer"))
     cancelled = client.get("/", {"status": "cancelled"}).content.decode()
     assert str(hang.id) in cancelled and str(steps.id) not in cancelled
     by_agent = client.get("/", {"by_agent": "demo.steps"}).content.decode()
@@ -59,7 +52,7 @@ def test_filters_and_search():
 
 def test_load_more_pages_through_the_same_partial():
     runs = [queued_run() for _ in range(55)]
-    client = browser(make_user("vic", "viewer"))
+    client = browser_for(make_user("vic", "viewer"))
     first = client.get("/").content.decode()
     assert len(ROW.findall(first)) == 50 and 'data-action="more"' in first
     cursor = first.split('data-cursor="')[1].split('"')[0]
@@ -72,7 +65,7 @@ def test_a_runs_page_shows_its_story():
     parent = queued_run()
     child = queued_run(parent_id=parent.id)
     services.run_stop(run_id=parent.id, actor="olga", source="ui", reason="enough for today")
-    client = browser(make_user("vic", "viewer"))
+    client = browser_for(make_user("vic", "viewer"))
     page = client.get(f"/runs/{parent.id}/").content.decode()
     assert "enough for today" in page and "Control requests" in page
     assert f'data-run-id="{child.id}"' in page
@@ -81,7 +74,7 @@ def test_a_runs_page_shows_its_story():
 
 
 def test_healthz_needs_no_user():
-    body = browser().get("/healthz").json()
+    body = browser_for().get("/healthz").json()
     assert body["db"] == "ok" and body["broker"] in ("ok", "down")
     assert isinstance(body["workers"], int)
 
@@ -97,7 +90,7 @@ def test_metrics_report_stop_health():
     durable = queued_run()
     services.run_cancel(run_id=durable.id, actor="olga", source="api")
     queued_run()
-    body = browser().get("/metrics").content.decode()
+    body = browser_for().get("/metrics").content.decode()
     assert 'awaken_runs{end_cause="cancelled",state="ended"} 1.0' in body
     assert 'awaken_runs{end_cause="",state="queued"} 1.0' in body
     assert "awaken_pending_intents 0.0" in body
@@ -110,9 +103,9 @@ def test_not_active_answers_are_counted(operator):
     from tests.conftest import client_for
 
     run = queued_run()
-    before = browser().get("/metrics").content.decode()
+    before = browser_for().get("/metrics").content.decode()
     client_for(operator).post(f"/api/runs/{run.id}/deliver/", {"command": "wake"}, format="json")
-    after = browser().get("/metrics").content.decode()
+    after = browser_for().get("/metrics").content.decode()
 
     def count(text):
         line = [x for x in text.splitlines()
@@ -124,7 +117,7 @@ def test_not_active_answers_are_counted(operator):
 
 def test_the_page_hooks_are_unambiguous():
     queued_run()
-    page = browser(make_user("olga", "operator")).get("/").content.decode()
+    page = browser_for(make_user("olga", "operator")).get("/").content.decode()
     for hook in ('name="agent"', 'name="input"', 'name="reason"', 'data-action="create"',
                  'data-action="confirm-stop"'):
         assert page.count(hook) == 1, hook
