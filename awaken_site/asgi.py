@@ -2,10 +2,14 @@ import gc
 import os
 import sys
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "awaken_site.settings")
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)
+
+from awaken_site.handlers import SyncChainASGIHandler  # noqa: E402
+
+django_asgi_app = SyncChainASGIHandler()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 

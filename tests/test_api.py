@@ -232,3 +232,39 @@ def test_every_error_path_has_its_code_and_changes_nothing(some_runs, operator, 
         assert body["code"] == code, f"{where}: {body}"
         assert isinstance(body["detail"], str) and body["detail"], where
         assert db_state() == before, where
+
+
+def _declared(serializer_class, instance) -> dict:
+    """What the serializer's declared fields alone would write (DRF's own machinery)."""
+    import json
+
+    from rest_framework import serializers
+    from rest_framework.utils.encoders import JSONEncoder
+
+    data = serializers.ModelSerializer.to_representation(serializer_class(instance), instance)
+    return json.loads(json.dumps(data, cls=JSONEncoder))
+
+
+def test_plain_representations_match_the_declared_serializers():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs.api import serializers as s
+    from runs.models import Event
+
+    parent = queued_run()
+    child = queued_run(parent_id=parent.id, budget={"max_steps": 3, "max_seconds": 1.5},
+                       input={"steps": 2}, start_after=timezone.now() - timedelta(seconds=1))
+    awaiting, _ = awaiting_run()
+    running, generation = running_run()
+    services.run_stop(run_id=running.id, actor="olga", source="api", reason="budget")
+    services.attempt_step(run_id=running.id, generation=generation, tokens=7)
+    services.run_cancel(run_id=parent.id, actor="olga", source="api")
+    runs = [Run.objects.get(pk=r.id) for r in (parent, child, awaiting, running)]
+    assert runs[2].ticket is not None and runs[3].control is not None  # every part is covered
+    assert runs[0].ended_at is not None and runs[1].parent_id == parent.id
+    for run in runs:
+        assert s.RunSerializer(run).data == _declared(s.RunSerializer, run)
+    for event in Event.objects.all():
+        assert s.EventSerializer(event).data == _declared(s.EventSerializer, event)
