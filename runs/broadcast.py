@@ -24,12 +24,20 @@ def run_group(run_id) -> str:
 
 
 def run_changed(*, run, event) -> None:
+    runs_changed(changes=[(run, event)])
+
+
+def runs_changed(*, changes) -> None:
+    """Announce committed ``(run, event)`` pairs, in the order given."""
     from runs.api.serializers import change_text
 
     # Encoded once here; every socket forwards the same text. The list group first: it
-    # feeds the waiting API calls as well as the dashboards.
-    message = {"type": "run.changed", "text": change_text(run=run, event=event)}
-    publisher.send((RUNS_GROUP, run_group(run.id)), message)
+    # feeds the waiting API calls as well as the dashboards. ``run_id`` lets a process
+    # skip decoding a change nobody there waits for.
+    publisher.send([((RUNS_GROUP, run_group(run.id)),
+                     {"type": "run.changed", "run_id": str(run.id),
+                      "text": change_text(run=run, event=event)})
+                    for run, event in changes])
 
 
 class Publisher:
@@ -47,10 +55,11 @@ class Publisher:
             self._loop = loop
             self._drainer = None  # a drainer belongs to the loop it was started on
 
-    def send(self, groups, message: dict) -> None:
+    def send(self, messages: list) -> None:
+        """Send each ``(groups, message)`` of ``messages`` to its groups, in order."""
         if get_channel_layer() is None:
             return
-        self._event_loop().call_soon_threadsafe(self._enqueue, groups, message)
+        self._event_loop().call_soon_threadsafe(self._enqueue, messages)
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -60,8 +69,8 @@ class Publisher:
                                  daemon=True).start()
             return self._loop
 
-    def _enqueue(self, groups, message) -> None:  # on the loop
-        self._pending.append((groups, message))
+    def _enqueue(self, messages) -> None:  # on the loop
+        self._pending.extend(messages)
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
 
@@ -149,6 +158,10 @@ class Watchers:
                     if not waiting:
                         del self._by_run[key]
 
+    def waited_for(self, run_id: str) -> bool:
+        with self._lock:
+            return run_id in self._by_run
+
     def notify(self, run: dict) -> None:
         with self._lock:
             waiting = list(self._by_run.get(str(run["id"]), ()))
@@ -187,7 +200,7 @@ class Watchers:
                 channel, refreshed = None, None
                 await asyncio.sleep(1)
                 continue
-            if message.get("type") == "run.changed":
+            if message.get("type") == "run.changed" and self.waited_for(message["run_id"]):
                 self.notify(json.loads(message["text"])["run"])
 
 

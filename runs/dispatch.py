@@ -14,12 +14,16 @@ from runs.services.errors import NotActive
 log = logging.getLogger(__name__)
 
 
-def run_queued(*, run_id, start_after=None) -> None:
-    """A run became queued: hand it to a worker (at ``start_after``, if later)."""
+def runs_queued(*, runs) -> None:
+    """Runs became queued: hand each ``(run_id, start_after)`` to a worker (at
+    ``start_after``, if later), one message per run, over one broker connection."""
     from runs.tasks import execute
 
-    eta = start_after if start_after and start_after > timezone.now() else None
-    execute.apply_async(args=[str(run_id)], eta=eta)
+    now = timezone.now()
+    with execute.app.producer_or_acquire() as producer:
+        for run_id, start_after in runs:
+            eta = start_after if start_after and start_after > now else None
+            execute.apply_async(args=[str(run_id)], eta=eta, producer=producer)
 
 
 def intent_recorded(*, run_id, generation: int, owner: str, actor: str, source: str) -> None:

@@ -31,6 +31,38 @@ def test_create_returns_the_run(op_client):
     assert Run.objects.get(pk=body["id"]).created_by.username == "olga"
 
 
+def test_a_batch_creates_every_run_in_order_and_dispatches_each(
+        op_client, monkeypatch, django_capture_on_commit_callbacks):
+    sent = []
+    monkeypatch.setattr("runs.dispatch.runs_queued", lambda runs: sent.extend(runs))
+    parent = queued_run()
+    items = [{"agent": "demo.steps", "input": {"steps": 1}},
+             {"agent": "demo.fail", "budget": {"max_steps": 2}, "thread_id": "t-1"},
+             {"agent": "demo.steps", "parent_id": str(parent.id)}]
+    with django_capture_on_commit_callbacks(execute=True):
+        response = op_client.post("/api/runs/batch/", {"runs": items}, format="json")
+    assert response.status_code == 201, response.json()
+    made = response.json()["results"]
+    assert [run["agent"] for run in made] == ["demo.steps", "demo.fail", "demo.steps"]
+    assert made[1]["budget"]["max_steps"] == 2 and made[1]["thread_id"] == "t-1"
+    assert made[2]["parent_id"] == str(parent.id) and made[2]["thread_id"] == parent.thread_id
+    for run in made:
+        assert RUN_KEYS <= set(run)
+        assert (run["state"], run["version"]) == ("queued", 1)
+        stored = Run.objects.get(pk=run["id"])
+        assert stored.created_by.username == "olga"
+        assert list(stored.events.values_list("kind", "version", "source")) == [
+            ("created", 1, "api")]
+    assert [str(run_id) for run_id, _ in sent] == [run["id"] for run in made]
+
+
+def test_a_batch_with_an_idempotency_key_is_refused(op_client):
+    response = op_client.post("/api/runs/batch/", {"runs": [{"agent": "demo.steps"}]},
+                              format="json", HTTP_IDEMPOTENCY_KEY="k")
+    assert (response.status_code, response.json()["code"]) == (400, "invalid")
+    assert not Run.objects.exists()
+
+
 def test_create_with_an_idempotency_key_replays(op_client):
     payload = {"agent": "demo.steps"}
     first = op_client.post("/api/runs/", payload, format="json", HTTP_IDEMPOTENCY_KEY="abc")
@@ -178,6 +210,26 @@ def error_cases(runs):
          400, "invalid"),
         ("op", "post", "/api/runs/", {"agent": "demo.steps", "colour": "red"}, 400, "invalid"),
         ("op", "post", "/api/runs/", [1, 2], 400, "invalid"),
+        ("op", "post", "/api/runs/batch/", {"runs": []}, 400, "invalid"),
+        ("op", "post", "/api/runs/batch/", {"runs": [{"agent": "demo.steps"}] * 501}, 400,
+         "invalid"),
+        ("op", "post", "/api/runs/batch/", {"runs": [{"agent": "demo.steps"},
+                                                     {"agent": "no.such.agent"}]}, 400, "invalid"),
+        ("op", "post", "/api/runs/batch/", {"runs": [{"agent": "demo.steps", "colour": 1}]}, 400,
+         "invalid"),
+        ("op", "post", "/api/runs/batch/", {"runs": [{"agent": "demo.steps"},
+                                                     {"agent": "demo.steps",
+                                                      "parent_id": str(unknown)}]}, 400,
+         "invalid"),
+        ("op", "post", "/api/runs/batch/", {"runs": [{"agent": "demo.steps",
+                                                      "budget": {"max_tokens": 0}}]}, 400,
+         "invalid"),
+        ("op", "post", "/api/runs/batch/", {"agent": "demo.steps"}, 400, "invalid"),
+        ("op", "post", "/api/runs/batch/", "[", 400, "parse_error"),
+        ("viewer", "post", "/api/runs/batch/", {"runs": [{"agent": "demo.steps"}]}, 403,
+         "permission_denied"),
+        ("anon", "post", "/api/runs/batch/", {"runs": [{"agent": "demo.steps"}]}, 401,
+         "not_authenticated"),
         ("op", "post", f"/api/runs/{q}/stop/", {}, 400, "invalid"),
         ("op", "post", f"/api/runs/{q}/stop/", {"reason": ""}, 400, "invalid"),
         ("op", "post", f"/api/runs/{q}/stop/", {"reason": "x" * 501}, 400, "invalid"),

@@ -68,7 +68,7 @@ def test_every_control_refuses_viewers(viewer):
     client = client_for(viewer)
     controls = [r for r in project_routes() if r.startswith("api/") and
                 hasattr(getattr(resolve(concrete(r, run.id)).func, "cls", None), "post")]
-    assert len(controls) >= 6  # create, cancel, stop, pause, resume, deliver
+    assert len(controls) >= 7  # create, batch, cancel, stop, pause, resume, deliver
     for route in controls:
         response = client.post(concrete(route, run.id), {}, format="json")
         assert response.status_code == 403, route

@@ -298,7 +298,8 @@ def test_every_transition_is_broadcast_after_commit(django_capture_on_commit_cal
         assert send.call_count == 0  # nothing before the commit
         for callback in callbacks:
             callback()
-    (groups, message), _ = send.call_args
+    (messages,), _ = send.call_args
+    [(groups, message)] = messages
     assert set(groups) == {f"run-{run.id}", "runs"}
     assert message["type"] == "run.changed"
     pushed = json.loads(message["text"])
@@ -312,7 +313,7 @@ def test_a_failure_after_commit_never_undoes_or_fails_the_request(monkeypatch):
     def broker_down(**kwargs):
         raise ConnectionError("broker down")
 
-    monkeypatch.setattr("runs.dispatch.run_queued", broker_down)
+    monkeypatch.setattr("runs.dispatch.runs_queued", broker_down)
     monkeypatch.setattr("runs.broadcast.publisher.send", lambda *a, **k: broker_down())
     run, created = services.run_create(agent="demo.steps")  # dispatch and broadcast both fail
     assert created and Run.objects.get(pk=run.id).state == RunState.QUEUED

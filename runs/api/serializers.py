@@ -12,9 +12,11 @@ import json
 
 from django.utils import timezone
 from rest_framework import serializers
+from rest_framework.settings import api_settings
 
 from runs import agents
 from runs.models import EndCause, Event, Run, RunState
+from runs.services.runs import MAX_BATCH
 
 
 class TicketSerializer(serializers.Serializer):
@@ -157,11 +159,18 @@ class RunCreateSerializer(serializers.Serializer):
             raise serializers.ValidationError("start_after needs a UTC offset.")
         return value
 
-    def validate(self, attrs):
-        unknown = set(self.initial_data) - set(self.fields)
+    def to_internal_value(self, data):
+        # Checked on the raw item, so it holds inside a batch as well.
+        unknown = set(data) - set(self.fields) if isinstance(data, dict) else set()
         if unknown:
-            raise serializers.ValidationError(f"Unknown fields: {', '.join(sorted(unknown))}.")
-        return attrs
+            raise serializers.ValidationError({api_settings.NON_FIELD_ERRORS_KEY: [
+                f"Unknown fields: {', '.join(sorted(unknown))}."]})
+        return super().to_internal_value(data)
+
+
+class RunBatchCreateSerializer(serializers.Serializer):
+    runs = RunCreateSerializer(many=True, allow_empty=False, max_length=MAX_BATCH,
+                               help_text=f"1 to {MAX_BATCH} runs, each as for a single create.")
 
 
 class CancelSerializer(serializers.Serializer):
@@ -190,6 +199,10 @@ class DeliveredSerializer(serializers.Serializer):
 class ErrorSerializer(serializers.Serializer):
     code = serializers.CharField()
     detail = serializers.CharField()
+
+
+class RunBatchSerializer(serializers.Serializer):
+    results = RunSerializer(many=True)
 
 
 class RunPageSerializer(serializers.Serializer):

@@ -5,6 +5,7 @@ from runs.api import views
 
 urlpatterns = [
     path("runs/", views.RunListView.as_view(), name="runs-list"),
+    path("runs/batch/", views.RunBatchView.as_view(), name="runs-batch"),
     # <str:run_id>: an id that is not a UUID is a JSON 404, not Django's HTML page.
     path("runs/<str:run_id>/", views.RunDetailView.as_view(), name="runs-detail"),
     path("runs/<str:run_id>/events/", views.RunEventsView.as_view(), name="runs-events"),

@@ -85,6 +85,23 @@ class RunListView(OperatorPostMixin, APIView):
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
+class RunBatchView(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(operation_id="runs_batch_create", request=s.RunBatchCreateSerializer,
+                   responses={201: s.RunBatchSerializer, **ERRORS})
+    def post(self, request):
+        """Create up to 500 runs in one transaction, all or none, in the order given."""
+        if request.headers.get("Idempotency-Key"):
+            raise InvalidRequest("Idempotency-Key is not supported on a batch; retry a "
+                                 "failed batch only after checking which runs exist.")
+        data = validated(s.RunBatchCreateSerializer, request)
+        runs = services.runs_create(runs=[dict(item) for item in data["runs"]],
+                                    created_by=request.user, source=source(request))
+        return Response({"results": s.RunSerializer(runs, many=True).data},
+                        status=status.HTTP_201_CREATED)
+
+
 def source(request) -> str:
     """Browser calls (session auth) record source ``ui``; scripts record ``api``."""
     return "ui" if isinstance(request.successful_authenticator, SessionAuthentication) else "api"

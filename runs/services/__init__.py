@@ -29,6 +29,7 @@ from runs.services.runs import (
     run_create,
     run_resume,
     run_stop,
+    runs_create,
     runs_import,
 )
 
@@ -59,5 +60,6 @@ __all__ = [
     "run_create",
     "run_resume",
     "run_stop",
+    "runs_create",
     "runs_import",
 ]

@@ -235,6 +235,7 @@ def runs_redispatch(*, older_than: float, limit: int = 100) -> list:
         # Compare-and-set on dispatched_at: two sweepers never both send.
         if Run.objects.filter(pk=run_id, state=RunState.QUEUED, dispatched_at=dispatched_at
                               ).update(dispatched_at=now):
-            dispatch.run_queued(run_id=run_id)
             sent.append(run_id)
+    if sent:
+        dispatch.runs_queued(runs=[(run_id, None) for run_id in sent])
     return sent

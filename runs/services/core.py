@@ -53,16 +53,10 @@ def record(
     actor: str | None = None,
     source: str | None = None,
     data: dict | None = None,
-    new: bool = False,
 ) -> Event:
-    """Save ``fields`` of the locked ``run``, bump its version and write one event.
-
-    ``new``: the run is not in the database yet; it is inserted, as version 1."""
+    """Save ``fields`` of the locked ``run``, bump its version and write one event."""
     run.version += 1
-    if new:
-        run.save(force_insert=True)
-    else:
-        run.save(update_fields=[*fields, "version", "updated_at"])
+    run.save(update_fields=[*fields, "version", "updated_at"])
     event = Event.objects.create(
         run=run,
         version=run.version,
@@ -76,6 +70,20 @@ def record(
     )
     after_commit(broadcast.run_changed, run=run, event=event)
     return event
+
+
+def record_created(runs: list[Run], *, actor: str | None, source: str) -> None:
+    """Insert new ``runs`` as version 1, each with its ``created`` event: one statement for
+    the runs and one for the events, however many there are."""
+    for run in runs:
+        run.version = 1
+    Run.objects.bulk_create(runs)
+    events = Event.objects.bulk_create([
+        Event(run=run, version=1, kind=EventKind.CREATED, state=run.state,
+              generation=run.generation, actor=actor, source=source, data={"agent": run.agent})
+        for run in runs
+    ])
+    after_commit(broadcast.runs_changed, changes=list(zip(runs, events, strict=True)))
 
 
 def after_commit(fn, /, **kwargs) -> None:
@@ -93,11 +101,11 @@ def after_commit(fn, /, **kwargs) -> None:
     transaction.on_commit(hook, robust=True)
 
 
-def dispatch_after_commit(run: Run) -> None:
-    """Hand the queued ``run`` to a worker once the transaction commits."""
+def dispatch_after_commit(*runs: Run) -> None:
+    """Hand the queued ``runs`` to workers once the transaction commits."""
     from runs import dispatch
 
-    after_commit(dispatch.run_queued, run_id=run.id, start_after=run.start_after)
+    after_commit(dispatch.runs_queued, runs=[(run.id, run.start_after) for run in runs])
 
 
 def pending_intent(run: Run) -> ControlIntent | None:

@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
@@ -29,6 +30,7 @@ from runs.services.core import (
     locked_run,
     pending_intent,
     record,
+    record_created,
     record_intent,
 )
 from runs.services.errors import (
@@ -63,35 +65,13 @@ def run_create(
     ``dispatch=False`` leaves the run to the caller to claim (a child run started
     in-process); if no claim follows, the sweeper hands it to a worker like a lost message.
     """
-    input = {} if input is None else input
-    budget = _clean_budget(budget or {})
-    if agent not in agents.CATALOGUE:
-        raise InvalidRequest(f"Unknown agent {agent!r}.", field="agent")
-    if not isinstance(input, dict):
-        raise InvalidRequest("input must be a JSON object.", field="input")
-    parent = None
-    if parent_id is not None:
-        parent = Run.objects.filter(pk=parent_id).only("id", "thread_id").first()
-        if parent is None:
-            raise InvalidRequest(f"No parent run with id {parent_id}.", field="parent_id")
-    fingerprint = _fingerprint(agent, input, thread_id, parent_id, budget, start_after)
-
-    run = Run(
-        dispatched_at=timezone.now(),
-        agent=agent,
-        input=input,
-        parent=parent,
-        start_after=start_after,
-        created_by=created_by,
-        idempotency_key=idempotency_key,
-        request_fingerprint=fingerprint,
-        **budget,
-    )
-    run.thread_id = thread_id or (parent.thread_id if parent else str(run.id))
+    run = _new_run(agent=agent, input=input, thread_id=thread_id, parent_id=parent_id,
+                   budget=budget, start_after=start_after, created_by=created_by,
+                   parents=_parents([parent_id]))
+    run.idempotency_key = idempotency_key
     try:
         with transaction.atomic():
-            record(run, EventKind.CREATED, actor=_name(created_by), source=source,
-                   data={"agent": agent}, new=True)
+            record_created([run], actor=_name(created_by), source=source)
             if dispatch:
                 dispatch_after_commit(run)
     except IntegrityError:
@@ -101,7 +81,7 @@ def run_create(
                                       idempotency_key=idempotency_key).first()
         if existing is None:
             raise
-        run = existing
+        fingerprint, run = run.request_fingerprint, existing
     else:
         return run, True
     if run.request_fingerprint != fingerprint:
@@ -109,6 +89,73 @@ def run_create(
             "This Idempotency-Key was already used with a different request."
         )
     return run, False
+
+
+MAX_BATCH = 500
+
+
+def runs_create(*, runs: list[dict], created_by=None, source: str = "api") -> list[Run]:
+    """Create many queued runs at once, all or none: each item of ``runs`` holds the
+    arguments of one ``run_create`` (``agent``, ``input``, ``thread_id``, ``parent_id``,
+    ``budget``, ``start_after``). One transaction, one insert for the runs and one for their
+    events; every run is handed to a worker after the commit. A bad item is an
+    ``InvalidRequest`` naming its index, and nothing is created."""
+    if not 1 <= len(runs) <= MAX_BATCH:
+        raise InvalidRequest(f"Give between 1 and {MAX_BATCH} runs.", field="runs")
+    parents = _parents([spec.get("parent_id") for spec in runs])
+    made = []
+    for index, spec in enumerate(runs):
+        try:
+            made.append(_new_run(**spec, created_by=created_by, parents=parents))
+        except InvalidRequest as error:
+            where = f"runs.{index}" + (f".{error.field}" if error.field else "")
+            raise InvalidRequest(f"{where}: {error.message}", field=where) from None
+    with transaction.atomic():
+        record_created(made, actor=_name(created_by), source=source)
+        dispatch_after_commit(*made)
+    return made
+
+
+def _parents(ids) -> dict[str, Run]:
+    """The runs named as parents in ``ids`` (None allowed), by id as text."""
+    wanted = {str(pk) for pk in ids if pk is not None}
+    if not wanted:
+        return {}
+    try:
+        return {str(run.id): run for run in Run.objects.filter(pk__in=wanted)
+                .only("id", "thread_id")}
+    except ValidationError:  # a parent id that is not a UUID: no such parent
+        return {}
+
+
+def _new_run(*, agent: str, input: dict | None = None, thread_id: str | None = None,
+             parent_id=None, budget: dict | None = None, start_after: datetime | None = None,
+             created_by=None, parents: dict[str, Run]) -> Run:
+    """A checked, unsaved queued run; ``parents`` holds its parent, if it names one."""
+    input = {} if input is None else input
+    budget = _clean_budget(budget or {})
+    if agent not in agents.CATALOGUE:
+        raise InvalidRequest(f"Unknown agent {agent!r}.", field="agent")
+    if not isinstance(input, dict):
+        raise InvalidRequest("input must be a JSON object.", field="input")
+    parent = None
+    if parent_id is not None:
+        parent = parents.get(str(parent_id))
+        if parent is None:
+            raise InvalidRequest(f"No parent run with id {parent_id}.", field="parent_id")
+    run = Run(
+        dispatched_at=timezone.now(),
+        agent=agent,
+        input=input,
+        parent=parent,
+        start_after=start_after,
+        created_by=created_by,
+        request_fingerprint=_fingerprint(agent, input, thread_id, parent_id, budget,
+                                         start_after),
+        **budget,
+    )
+    run.thread_id = thread_id or (parent.thread_id if parent else str(run.id))
+    return run
 
 
 def runs_import(*, agent: str, count: int, ended: bool = True, source: str = "cli",

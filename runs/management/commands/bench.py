@@ -313,28 +313,44 @@ class Command(BaseCommand):
 
     def lifecycle(self, total: int, workers: int) -> list:
         """Runs created over HTTP by 8 callers and completed by ``workers`` worker processes:
-        create -> claim -> one step -> completed, per second, first request to last end."""
+        create -> claim -> one step -> completed, per second, first request to last end.
+        Measured twice: one run per request, then batches of 50 (POST /api/runs/batch/)."""
         from concurrent.futures import ThreadPoolExecutor
 
+        spec = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
+
+        def singles(count):
+            client = Client(port, self.token)
+            return [self.create(client, spec["agent"], spec["input"]) for _ in range(count)]
+
+        def batches(count):
+            client = Client(port, self.token)
+            made = []
+            while len(made) < count:
+                status, body = client.call("POST", "/api/runs/batch/",
+                                           {"runs": [spec] * min(50, count - len(made))})
+                if status != 201:
+                    raise CommandError(f"batch create failed: {status} {body}")
+                made += [run["id"] for run in body["results"]]
+            return made
+
+        rows = []
         with self.system(workers=workers) as (port, _, _):
-            created: list[str] = []
-
-            def make(count):
-                client = Client(port, self.token)
-                return [self.create(client, "demo.steps", {"steps": 1, "step_seconds": 0})
-                        for _ in range(count)]
-
-            started = time.monotonic()
-            with ThreadPoolExecutor(8) as pool:
-                for ids in pool.map(make, [total // 8] * 8):
-                    created += ids
-            wait_until(lambda: Run.objects.filter(pk__in=created, state=RunState.ENDED).count()
-                       == len(created), 600, "every run to complete")
-            elapsed = time.monotonic() - started
-            completed = Run.objects.filter(pk__in=created, end_cause="completed").count()
-        return [(f"{workers} wkr", "lifecycles per second (create -> completed)",
-                 len(created) / elapsed, f"{completed} of {len(created)} completed in "
-                 f"{elapsed:.1f} s")]
+            for how, make in (("one run per request", singles), ("batches of 50", batches)):
+                created: list[str] = []
+                started = time.monotonic()
+                with ThreadPoolExecutor(8) as pool:
+                    for ids in pool.map(make, [total // 8] * 8):
+                        created += ids
+                wait_until(lambda created=created: Run.objects.filter(
+                    pk__in=created, state=RunState.ENDED).count() == len(created), 600,
+                    "every run to complete")
+                elapsed = time.monotonic() - started
+                completed = Run.objects.filter(pk__in=created, end_cause="completed").count()
+                rows.append((f"{workers} wkr", f"lifecycles per second, {how}",
+                             len(created) / elapsed, f"{completed} of {len(created)} completed "
+                             f"in {elapsed:.1f} s"))
+        return rows
 
     def list_latency(self, target: int, requests: int = 300) -> list:
         """GET /api/runs/ with ``target`` runs in the database: the newest page, a filtered
