@@ -1,4 +1,4 @@
-"""Push committed transitions to the channel layer: one group per run and one for the list.
+"""Push committed transitions to the channel layer, all to one group (``runs``).
 
 The services call ``run_changed`` from ``transaction.on_commit`` only, so nothing that was
 rolled back is ever announced. Messages are handed to one long-lived event loop per process
@@ -19,10 +19,6 @@ log = logging.getLogger(__name__)
 RUNS_GROUP = "runs"
 
 
-def run_group(run_id) -> str:
-    return f"run-{run_id}"
-
-
 def run_changed(*, run, event) -> None:
     runs_changed(changes=[(run, event)])
 
@@ -31,12 +27,12 @@ def runs_changed(*, changes) -> None:
     """Announce committed ``(run, event)`` pairs, in the order given."""
     from runs.api.serializers import change_text
 
-    # Encoded once here; every socket forwards the same text. The list group first: it
-    # feeds the waiting API calls as well as the dashboards. ``run_id`` lets a process
-    # skip decoding a change nobody there waits for.
-    publisher.send([((RUNS_GROUP, run_group(run.id)),
-                     {"type": "run.changed", "run_id": str(run.id),
-                      "text": change_text(run=run, event=event)})
+    # Encoded once here; every socket forwards the same text. One group feeds the
+    # dashboards, the one-run sockets and the waiting API calls: ``run_id`` routes a change
+    # to the sockets of its run (runs.fanout) and lets a process skip decoding a change
+    # nobody there waits for.
+    publisher.send([((RUNS_GROUP,), {"type": "run.changed", "run_id": str(run.id),
+                                     "text": change_text(run=run, event=event)})
                     for run, event in changes])
 
 

@@ -10,14 +10,14 @@ import json
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from runs import broadcast, fanout, selectors
+from runs import fanout, selectors
 from runs.roles import is_viewer
 from runs.services.errors import RunNotFound
 
 
 class RunsConsumer(AsyncWebsocketConsumer):
-    # No channel of its own: the process's hub (runs.fanout) receives each group message
-    # once and writes it to every local socket of the group.
+    # No channel of its own: the process's hub (runs.fanout) receives each change once
+    # and writes it to every local socket that follows it.
     channel_layer_alias = None
 
     async def connect(self):
@@ -33,17 +33,17 @@ class RunsConsumer(AsyncWebsocketConsumer):
             except RunNotFound:
                 await self.close()
                 return
-        self.group = broadcast.run_group(self.run_id) if self.run_id else broadcast.RUNS_GROUP
         # Subscribe before the snapshot is read: a commit in between arrives as a push
         # (possibly also in the snapshot; clients keep the newest version of each run).
         await self.accept()
-        await fanout.hub().join(self.group, self)
+        await fanout.hub().join(self, self.run_id)
+        self.following = True
         snapshot = await database_sync_to_async(selectors.socket_snapshot)(run_id=self.run_id)
         await self.send(text_data=json.dumps({"type": "snapshot", **snapshot}))
 
     async def disconnect(self, code):
-        if getattr(self, "group", None):
-            await fanout.hub().leave(self.group, self)
+        if getattr(self, "following", False):
+            await fanout.hub().leave(self, self.run_id)
 
     async def receive(self, text_data=None, bytes_data=None):
         try:

@@ -1,9 +1,11 @@
-"""One channel-layer subscription per group per process, fanned out to local sockets.
+"""One channel-layer subscription per process, fanned out to local sockets.
 
-With every socket a member of the layer's group, each message wakes every consumer task
-through the layer's dispatch machinery; with a thousand sockets that costs more than the
-writes. Here each process receives a group's message once and writes the already-encoded
-text to its local sockets in one pass, in the order the messages came.
+Every committed change is published once, to the runs group, with its run's id beside the
+encoded text. Each process with sockets receives it once and writes the text to the
+sockets that follow every run and to those that follow that one run, in one pass, in the
+order the messages came. With every socket a member of the layer's group instead, each
+message would wake every consumer task through the layer's dispatch machinery, which with
+a thousand sockets costs more than the writes.
 """
 
 import asyncio
@@ -12,39 +14,51 @@ import weakref
 
 from channels.layers import get_channel_layer
 
+from runs.broadcast import RUNS_GROUP
+
 log = logging.getLogger(__name__)
+
+EVERY_RUN = None  # the topic of the sockets that follow the whole list
 
 
 class Hub:
-    """The sockets of one event loop, by group."""
+    """The sockets of one event loop, by the run they follow (``EVERY_RUN``: all)."""
 
     def __init__(self):
-        self.members: dict[str, set] = {}
-        self.readers: dict[str, asyncio.Task] = {}
+        self.members: dict[str | None, set] = {}
+        self._subscription: asyncio.Task | None = None
+        self._reader: asyncio.Task | None = None
 
-    async def join(self, group: str, consumer) -> None:
-        """Add ``consumer`` (it has ``send_text``) to ``group``; subscribed on return."""
-        members = self.members.setdefault(group, set())
-        members.add(consumer)
-        if group not in self.readers:
-            layer = get_channel_layer()
-            channel = await layer.new_channel()
-            await layer.group_add(group, channel)
-            self.readers[group] = asyncio.get_running_loop().create_task(
-                self._read(group, channel))
+    async def join(self, consumer, run_id: str | None = EVERY_RUN) -> None:
+        """Add ``consumer`` (it has ``send_text``); subscribed when this returns."""
+        self.members.setdefault(run_id, set()).add(consumer)
+        if self._subscription is None:
+            self._subscription = asyncio.get_running_loop().create_task(self._subscribe())
+        try:
+            await asyncio.shield(self._subscription)
+        except Exception:
+            self._subscription = None  # the next join tries again
+            self.members[run_id].discard(consumer)
+            raise
 
-    async def leave(self, group: str, consumer) -> None:
-        members = self.members.get(group)
+    async def leave(self, consumer, run_id: str | None = EVERY_RUN) -> None:
+        members = self.members.get(run_id)
         if members is None:
             return
         members.discard(consumer)
         if not members:
-            del self.members[group]
-            reader = self.readers.pop(group, None)
-            if reader is not None:
-                reader.cancel()
+            del self.members[run_id]
+        if not self.members and self._reader is not None:
+            self._reader.cancel()
+            self._reader = self._subscription = None
 
-    async def _read(self, group: str, channel: str) -> None:
+    async def _subscribe(self) -> None:
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(RUNS_GROUP, channel)
+        self._reader = asyncio.get_running_loop().create_task(self._read(channel))
+
+    async def _read(self, channel: str) -> None:
         layer = get_channel_layer()
         try:
             while True:
@@ -53,18 +67,20 @@ class Hub:
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # the layer is down: clients heal with a resume
-                    log.warning("reading group %s failed", group, exc_info=True)
+                    log.warning("reading the run changes failed", exc_info=True)
                     await asyncio.sleep(1)
                     continue
                 text = message.get("text")
-                for consumer in list(self.members.get(group, ())):
+                sockets = [*self.members.get(EVERY_RUN, ()),
+                           *self.members.get(message.get("run_id"), ())]
+                for consumer in sockets:
                     try:
                         await consumer.send_text(text)
                     except Exception:
-                        log.info("a socket of %s could not be written", group, exc_info=True)
+                        log.info("a socket could not be written", exc_info=True)
         finally:
             try:
-                await layer.group_discard(group, channel)
+                await layer.group_discard(RUNS_GROUP, channel)
             except Exception:
                 pass
 

@@ -300,7 +300,7 @@ def test_every_transition_is_broadcast_after_commit(django_capture_on_commit_cal
             callback()
     (messages,), _ = send.call_args
     [(groups, message)] = messages
-    assert set(groups) == {f"run-{run.id}", "runs"}
+    assert groups == ("runs",) and message["run_id"] == str(run.id)
     assert message["type"] == "run.changed"
     pushed = json.loads(message["text"])
     assert pushed["type"] == "run.changed"

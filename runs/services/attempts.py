@@ -27,6 +27,7 @@ from runs.models import (
     Source,
     TicketReason,
 )
+from runs.services import sql
 from runs.services.core import (
     Ending,
     dispatch_after_commit,
@@ -55,12 +56,9 @@ def attempt_start(*, run_id, owner: str, lease_seconds: float) -> Attempt | None
         run.generation += 1
         run.started_at = run.started_at or now
         run.owner, run.claimed_at = owner, now
-        attempt = Attempt.objects.create(
-            run=run,
-            generation=run.generation,
-            owner=owner,
-            lease_expires_at=now + timedelta(seconds=lease_seconds),
-        )
+        attempt = Attempt(run=run, generation=run.generation, owner=owner,
+                          lease_expires_at=now + timedelta(seconds=lease_seconds))
+        sql.insert(attempt)
         record(run, EventKind.STARTED,
                fields=("state", "generation", "started_at", "owner", "claimed_at"),
                actor=owner, source="worker", data={"owner": owner})

@@ -8,10 +8,9 @@
 """
 
 from dataclasses import dataclass
-from functools import cache
 
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from runs import broadcast
@@ -30,39 +29,8 @@ from runs.models import (
     StopCode,
     TicketState,
 )
+from runs.services import sql
 from runs.services.errors import RunNotFound
-
-# Every transition runs the same three statements: lock the run, update some of its
-# columns, insert its event. They are written here as SQL, once, from the models' own
-# field definitions; through the query compiler they cost three times as much CPU, which
-# was most of a worker's time per run.
-
-
-@cache
-def _lock_sql() -> str:
-    table, columns = Run._meta.db_table, [f.column for f in Run._meta.concrete_fields]
-    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
-    return f'SELECT {", ".join(columns)} FROM {table} WHERE id = %s{lock}'
-
-
-@cache
-def _update_sql(names: tuple[str, ...]) -> tuple[str, list]:
-    fields = [Run._meta.get_field(name) for name in names]
-    assignments = ", ".join(f"{field.column} = %s" for field in fields)
-    return f"UPDATE {Run._meta.db_table} SET {assignments} WHERE id = %s", fields
-
-
-@cache
-def _event_sql() -> tuple[str, list]:
-    fields = [f for f in Event._meta.concrete_fields if not f.primary_key]
-    columns = ", ".join(field.column for field in fields)
-    marks = ", ".join(["%s"] * len(fields))
-    return f"INSERT INTO {Event._meta.db_table} ({columns}) VALUES ({marks}) RETURNING seq", fields
-
-
-def _prepared(instance, fields) -> list:
-    return [field.get_db_prep_save(getattr(instance, field.attname), connection)
-            for field in fields]
 
 
 def locked_run(run_id) -> Run:
@@ -74,10 +42,9 @@ def locked_run(run_id) -> Run:
     commits but not the rows joined to it, so a joined intent could be stale.
     """
     try:
-        pk = Run._meta.pk.get_db_prep_value(Run._meta.pk.to_python(run_id), connection)
-    except ValidationError:
-        pk = None
-    run = None if pk is None else next(iter(Run.objects.raw(_lock_sql(), [pk])), None)
+        run = sql.lock(Run, Run._meta.pk.to_python(run_id))
+    except ValidationError:  # not a UUID
+        run = None
     if run is None:
         raise RunNotFound(f"No run with id {run_id}.")
     return run
@@ -94,17 +61,11 @@ def record(
 ) -> Event:
     """Save ``fields`` of the locked ``run``, bump its version and write one event."""
     run.version += 1
-    run.updated_at = timezone.now()
-    sql, columns = _update_sql((*fields, "version", "updated_at"))
+    sql.update(run, (*fields, "version", "updated_at"))
     event = Event(run=run, version=run.version, kind=kind, state=run.state,
                   end_cause=run.end_cause, generation=run.generation, actor=actor,
-                  source=source, data=data or {}, at=run.updated_at)
-    insert, event_columns = _event_sql()
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*_prepared(run, columns), _prepared(run, [Run._meta.pk])[0]])
-        cursor.execute(insert, _prepared(event, event_columns))
-        event.seq = cursor.fetchone()[0]
-    event._state.adding, event._state.db = False, connection.alias
+                  source=source, data=data or {})
+    sql.insert(event)
     after_commit(broadcast.run_changed, run=run, event=event)
     return event
 
@@ -268,9 +229,8 @@ def release_claim(run: Run, reason: str, *, now) -> list[str]:
 
     The attempt's running time is added to the run's ``seconds_used``.
     """
-    Attempt.objects.filter(run=run, state=AttemptState.LIVE).update(
-        state=AttemptState.CLOSED, close_reason=CloseReason(reason), closed_at=now
-    )
+    sql.update_where(Attempt, {"state": AttemptState.CLOSED, "close_reason": CloseReason(reason),
+                               "closed_at": now}, run=run.pk, state=AttemptState.LIVE)
     run.seconds_used += max(0.0, (now - run.claimed_at).total_seconds())
     run.owner = run.claimed_at = None
     return ["seconds_used", "owner", "claimed_at"]
