@@ -127,11 +127,17 @@ def _database() -> dict:
         # A connection pool, not persistent connections: under ASGI every request runs in a
         # thread of its own, and a per-thread connection would be a new one per request.
         config["CONN_MAX_AGE"] = 0
-        config["OPTIONS"] = {"pool": {
-            "min_size": envnumber("DB_POOL_MIN", "2", minimum=0),
-            "max_size": envnumber("DB_POOL_MAX", "20", minimum=1),
-            "timeout": 10,
-        }}
+        config["OPTIONS"] = {
+            "pool": {
+                "min_size": envnumber("DB_POOL_MIN", "2", minimum=0),
+                "max_size": envnumber("DB_POOL_MAX", "20", minimum=1),
+                "timeout": 10,
+            },
+            # Parameters bound by the server, so psycopg prepares a statement the fifth time
+            # a connection runs it: the transitions' few statements are parsed and planned
+            # once per connection instead of on every call.
+            "server_side_binding": True,
+        }
     else:
         raise ImproperlyConfigured(f"DATABASE_URL must be sqlite:// or postgres://, not {url!r}")
     return config
@@ -250,6 +256,8 @@ LOGGING = {
 # Live attempts one worker process holds at most, and its database threads.
 AWAKEN_WORKER_CAPACITY = envnumber("AWAKEN_WORKER_CAPACITY", "1000", minimum=1)
 AWAKEN_DB_THREADS = envnumber("AWAKEN_DB_THREADS", "8", minimum=1)
+# Runs queued together (a batch, a sweep) go to the workers this many to a message.
+AWAKEN_DISPATCH_CHUNK = envnumber("AWAKEN_DISPATCH_CHUNK", "8", minimum=1)
 # How long a live command waits for the owning worker's answer.
 AWAKEN_DELIVERY_TIMEOUT = envnumber("AWAKEN_DELIVERY_TIMEOUT", "1.0", kind=float, minimum=0.05)
 

@@ -7,6 +7,7 @@ reaches its attempt on the next lease renewal or is applied when the lease expir
 
 import logging
 
+from django.conf import settings
 from django.utils import timezone
 
 from runs.services.errors import NotActive
@@ -15,15 +16,21 @@ log = logging.getLogger(__name__)
 
 
 def runs_queued(*, runs) -> None:
-    """Runs became queued: hand each ``(run_id, start_after)`` to a worker (at
-    ``start_after``, if later), one message per run, over one broker connection."""
+    """Runs became queued: hand each ``(run_id, start_after)`` to a worker, over one broker
+    connection. Runs due now go in messages of up to ``AWAKEN_DISPATCH_CHUNK`` runs (the
+    worker claims each on its own); a run that starts later goes alone, at its time."""
     from runs.tasks import execute
 
     now = timezone.now()
+    due = [str(run_id) for run_id, start_after in runs if not start_after or start_after <= now]
+    later = [(str(run_id), start_after) for run_id, start_after in runs
+             if start_after and start_after > now]
+    size = settings.AWAKEN_DISPATCH_CHUNK
     with execute.app.producer_or_acquire() as producer:
-        for run_id, start_after in runs:
-            eta = start_after if start_after and start_after > now else None
-            execute.apply_async(args=[str(run_id)], eta=eta, producer=producer)
+        for first in range(0, len(due), size):
+            execute.apply_async(args=[due[first:first + size]], producer=producer)
+        for run_id, start_after in later:
+            execute.apply_async(args=[[run_id]], eta=start_after, producer=producer)
 
 
 def intent_recorded(*, run_id, generation: int, owner: str, actor: str, source: str) -> None:

@@ -224,7 +224,9 @@ class CloseReason(models.TextChoices):
 
 
 class Attempt(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    # No index of its own: (run, generation) below leads with it.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts",
+                            db_index=False)
     generation = models.PositiveIntegerField()
     state = models.CharField(max_length=16, choices=AttemptState.choices, default=AttemptState.LIVE)
     close_reason = models.CharField(
@@ -405,7 +407,9 @@ class Event(models.Model):
     """One committed transition, written in the transaction of the change it records."""
 
     seq = models.BigAutoField(primary_key=True)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: (run, version) below leads with it.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events",
+                            db_index=False)
     version = models.PositiveIntegerField(help_text="The run's version after this event.")
     kind = models.CharField(max_length=24, choices=EventKind.choices)
     state = models.CharField(max_length=16, choices=RunState.choices)

@@ -3,25 +3,27 @@
 from celery import shared_task
 
 from runs import control  # noqa: F401  (registers the remote-control command in workers)
-from runs.services import RunNotFound
 
 
 @shared_task(bind=True, name="runs.execute", acks_late=True, ignore_result=True,
              max_retries=None)
-def execute(self, run_id: str) -> None:
-    """Claim the run and start its attempt on this worker's executor.
+def execute(self, run_ids: list[str] | str) -> None:
+    """Claim each run of ``run_ids`` and start its attempt on this worker's executor.
 
-    A redelivered or duplicated message finds the run claimed (or ended) and does nothing.
+    The runs are claimed in one transaction. A redelivered or duplicated message finds a
+    run claimed (or ended) and skips it. What the executor has no room for comes back in a
+    second. If the claim fails on an error, the runs stay queued and the sweeper sends
+    them again.
     """
     from runs.runtime.executor import get_executor
 
     executor = get_executor(node=control.node_name or self.request.hostname)
-    if executor.full:
-        raise self.retry(countdown=1)
-    try:
-        executor.start(run_id)
-    except RunNotFound:
-        return
+    run_ids = [run_ids] if isinstance(run_ids, str) else list(run_ids)
+    room = executor.room
+    if room:
+        executor.start(run_ids[:room])
+    if run_ids[room:]:
+        raise self.retry(args=[run_ids[room:]], countdown=1)
 
 
 @shared_task(name="runs.sweep", ignore_result=True)

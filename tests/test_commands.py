@@ -53,3 +53,10 @@ def test_role_can_be_changed():
 def test_an_unknown_user_without_create_is_an_error():
     with pytest.raises(CommandError):
         token_of("ghost")
+
+
+def test_the_migrations_match_the_models():
+    from io import StringIO
+
+    # Exits (SystemExit 1) when a model change has no migration.
+    call_command("makemigrations", "--check", "--dry-run", stdout=StringIO())

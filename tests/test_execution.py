@@ -56,6 +56,16 @@ def test_a_run_executes_to_completion(worker, api):
     assert_one_clean_end(run_id)
 
 
+def test_a_batch_goes_to_the_worker_in_chunks_and_every_run_completes(worker, api, settings):
+    settings.AWAKEN_DISPATCH_CHUNK = 4  # 10 runs: messages of 4, 4 and 2
+    spec = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
+    response = api.post("/api/runs/batch/", {"runs": [spec] * 10}, format="json")
+    assert response.status_code == 201, response.json()
+    for run in response.json()["results"]:
+        assert wait_state(run["id"], RunState.ENDED).end_cause == "completed"
+        assert_one_clean_end(run["id"])
+
+
 @pytest.mark.parametrize("agent", ["demo.hang", "demo.hang_tool"])
 def test_live_cancel_ends_a_hung_attempt_at_once(worker, api, agent):
     run_id = create(api, agent)

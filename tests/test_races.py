@@ -195,3 +195,38 @@ def test_a_stale_generation_changes_nothing_while_its_replacement_runs(gang):
         run = check_run_history(run.id)
         assert (run.state, run.generation, run.steps) == (RunState.RUNNING, 2, 2)
         assert run.output is None
+
+
+def test_overlapping_claims_take_each_run_once_and_never_deadlock(gang):
+    """Duplicated task messages: eight claimers take overlapping sets of the same runs, each
+    in its own order, while a cancel races them for one of the runs."""
+    threads = gang(8)
+    for _ in range(50):
+        runs = [str(queued_run().id) for _ in range(6)]
+
+        def claimer(index):
+            def op():
+                mine = random.sample(runs, 4)
+                return ("claim", [(str(a.run_id), a.owner) for a in services.attempts_start(
+                    run_ids=mine, owner=f"w{index}:1", lease_seconds=30)])
+            return op
+
+        def cancel():
+            return ("cancel", services.run_cancel(run_id=runs[0], actor="c", source="api"))
+
+        results = threads.run([claimer(i) for i in range(7)] + [cancel])
+        assert not [r for r in results if isinstance(r, Exception)], results
+        claims = [claim for kind, outcome in results if kind == "claim" for claim in outcome]
+        claimed = [run_id for run_id, _ in claims]
+        assert len(claimed) == len(set(claimed)), claims  # no run claimed twice
+        for run_id in runs:
+            run = check_run_history(run_id)
+            if run_id in claimed:
+                owner = dict(claims)[run_id]
+                assert run.generation == 1
+                assert run.attempts.get().owner == owner
+                if run.state == RunState.RUNNING:
+                    assert run.owner == owner
+            else:
+                assert run.generation == 0
+                assert run.state in (RunState.QUEUED, RunState.ENDED)

@@ -1,6 +1,7 @@
 """The transitions of SPEC §2 and the finish boundary of §3, one service call at a time."""
 
 import json
+import uuid
 from unittest import mock
 
 import pytest
@@ -60,6 +61,9 @@ def test_child_runs_share_their_parents_thread():
     ({"agent": "demo.steps", "budget": {"max_steps": 1.5}}, "budget"),
     ({"agent": "demo.steps", "budget": {"max_seconds": True}}, "budget"),
     ({"agent": "demo.steps", "budget": {"max_money": 3}}, "budget"),
+    ({"agent": "demo.steps", "budget": {"max_tokens": 2**63}}, "budget"),
+    ({"agent": "demo.steps", "input": {"a": ["b", {"c\x00": 1}]}}, "input"),
+    ({"agent": "demo.steps", "input": {"a": "nul \x00 inside"}}, "input"),
     ({"agent": "demo.steps", "parent_id": "00000000-0000-0000-0000-000000000000"}, "parent_id"),
 ])
 def test_create_rejects_bad_requests_and_writes_nothing(kwargs, field):
@@ -326,3 +330,44 @@ def test_a_bulk_import_writes_whole_histories():
         assert kinds(run) == ["created", "ended"]
     with pytest.raises(services.InvalidRequest):
         services.runs_import(agent="nope", count=1)
+
+
+def test_due_runs_go_to_workers_in_chunks_and_later_ones_alone(settings, monkeypatch):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs import dispatch
+
+    sent = []
+    monkeypatch.setattr("runs.tasks.execute.apply_async",
+                        lambda args, eta=None, **kwargs: sent.append((args[0], eta)))
+    settings.AWAKEN_DISPATCH_CHUNK = 8
+    later = timezone.now() + timedelta(hours=1)
+    dispatch.runs_queued(runs=[(n, None) for n in range(19)] + [(99, later)])
+    assert sent == [([str(n) for n in range(8)], None),
+                    ([str(n) for n in range(8, 16)], None),
+                    (["16", "17", "18"], None),
+                    (["99"], later)]
+
+
+def test_one_claim_takes_every_queued_due_run_of_a_message_and_skips_the_rest():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    due, other = queued_run(), queued_run()
+    later = queued_run(start_after=timezone.now() + timedelta(hours=1))
+    ended = queued_run()
+    services.run_cancel(run_id=ended.id, actor="olga", source="api")
+    running, _ = running_run()
+    ids = [str(due.id), "not-a-uuid", str(later.id), str(ended.id), str(running.id),
+           str(uuid.uuid4()), str(other.id)]
+    attempts = services.attempts_start(run_ids=ids, owner=OWNER, lease_seconds=30)
+    assert sorted(str(a.run_id) for a in attempts) == sorted([str(due.id), str(other.id)])
+    for run_id in (due.id, other.id):
+        run = Run.objects.get(pk=run_id)
+        assert (run.state, run.generation, run.owner, run.version) == ("running", 1, OWNER, 2)
+        assert kinds(run) == ["created", "started"]
+    assert Run.objects.get(pk=later.id).state == "queued"
+    assert Run.objects.get(pk=running.id).generation == 1

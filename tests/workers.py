@@ -70,7 +70,7 @@ class Worker:
         """Send this worker the task of a run created with ``dispatch=False``."""
         from runs.tasks import execute
 
-        execute.apply_async(args=[str(run_id)], queue=self.queue)
+        execute.apply_async(args=[[str(run_id)]], queue=self.queue)
 
     def signal(self, signum) -> None:
         self.process.send_signal(signum)

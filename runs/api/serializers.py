@@ -16,7 +16,7 @@ from rest_framework.settings import api_settings
 
 from runs import agents
 from runs.models import EndCause, Event, Run, RunState
-from runs.services.runs import MAX_BATCH
+from runs.services.runs import BUDGET_LIMITS, MAX_BATCH
 
 
 class TicketSerializer(serializers.Serializer):
@@ -38,9 +38,12 @@ class ControlSerializer(serializers.Serializer):
 
 
 class BudgetSerializer(serializers.Serializer):
-    max_steps = serializers.IntegerField(allow_null=True, required=False, min_value=1)
-    max_seconds = serializers.FloatField(allow_null=True, required=False, min_value=0.001)
-    max_tokens = serializers.IntegerField(allow_null=True, required=False, min_value=1)
+    max_steps = serializers.IntegerField(allow_null=True, required=False, min_value=1,
+                                         max_value=BUDGET_LIMITS["max_steps"])
+    max_seconds = serializers.FloatField(allow_null=True, required=False, min_value=0.001,
+                                         max_value=BUDGET_LIMITS["max_seconds"])
+    max_tokens = serializers.IntegerField(allow_null=True, required=False, min_value=1,
+                                          max_value=BUDGET_LIMITS["max_tokens"])
 
 
 class UsageSerializer(serializers.Serializer):

@@ -57,20 +57,22 @@ class Executor:
     # --- entry from the Celery task ----------------------------------------------------------
 
     @property
-    def full(self) -> bool:
-        return len(self.registry) >= self.capacity
+    def room(self) -> int:
+        """How many more attempts this process takes now."""
+        return max(0, self.capacity - len(self.registry))
 
-    def start(self, run_id) -> bool:
-        """Claim ``run_id`` and run its attempt on the loop. False: nothing to claim."""
-        attempt = services.attempt_start(run_id=run_id, owner=self.owner,
-                                         lease_seconds=self.lease_seconds)
-        if attempt is None:
-            return False
-        self.stats["started"] += 1
-        view = selectors.attempt_view(run=attempt.run, generation=attempt.generation)
-        asyncio.run_coroutine_threadsafe(
-            self._attempt(str(run_id), attempt.generation, CancellationToken(), view), self.loop)
-        return True
+    def start(self, run_ids) -> int:
+        """Claim the runs of ``run_ids`` (one transaction) and run their attempts on the
+        loop. Returns how many were claimed."""
+        attempts = services.attempts_start(run_ids=run_ids, owner=self.owner,
+                                           lease_seconds=self.lease_seconds)
+        for attempt in attempts:
+            self.stats["started"] += 1
+            view = selectors.attempt_view(run=attempt.run, generation=attempt.generation)
+            asyncio.run_coroutine_threadsafe(
+                self._attempt(str(attempt.run_id), attempt.generation, CancellationToken(),
+                              view), self.loop)
+        return len(attempts)
 
     # --- one attempt ---------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from runs.services.attempts import (
     attempt_start,
     attempt_step,
     attempt_stop_by_policy,
+    attempts_start,
     runs_redispatch,
 )
 from runs.services.core import Ending, finish, locked_run
@@ -51,6 +52,7 @@ __all__ = [
     "attempt_pause",
     "attempt_renew",
     "attempt_start",
+    "attempts_start",
     "attempt_step",
     "attempt_stop_by_policy",
     "runs_redispatch",

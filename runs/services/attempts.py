@@ -33,6 +33,7 @@ from runs.services.core import (
     dispatch_after_commit,
     finish,
     locked_run,
+    locked_runs,
     pending_intent,
     record,
     record_intent,
@@ -47,22 +48,31 @@ def attempt_start(*, run_id, owner: str, lease_seconds: float) -> Attempt | None
     Returns None when the run is not queued any more (a redelivered task message, a run
     cancelled meanwhile) or not due yet (``start_after``): the caller just drops the task.
     """
+    claimed = attempts_start(run_ids=[run_id], owner=owner, lease_seconds=lease_seconds)
+    return claimed[0] if claimed else None
+
+
+def attempts_start(*, run_ids, owner: str, lease_seconds: float) -> list[Attempt]:
+    """Claim each run of ``run_ids`` that is queued and due, in one transaction: the runs
+    that arrived in one task message. The others are skipped; unknown ids are ignored."""
     with transaction.atomic():
-        run = locked_run(run_id)
         now = timezone.now()
-        if run.state != RunState.QUEUED or (run.start_after and run.start_after > now):
-            return None
-        run.state = RunState.RUNNING
-        run.generation += 1
-        run.started_at = run.started_at or now
-        run.owner, run.claimed_at = owner, now
-        attempt = Attempt(run=run, generation=run.generation, owner=owner,
-                          lease_expires_at=now + timedelta(seconds=lease_seconds))
-        sql.insert(attempt)
-        record(run, EventKind.STARTED,
-               fields=("state", "generation", "started_at", "owner", "claimed_at"),
-               actor=owner, source="worker", data={"owner": owner})
-    return attempt
+        claimed = []
+        for run in locked_runs(run_ids):
+            if run.state != RunState.QUEUED or (run.start_after and run.start_after > now):
+                continue
+            run.state = RunState.RUNNING
+            run.generation += 1
+            run.started_at = run.started_at or now
+            run.owner, run.claimed_at = owner, now
+            attempt = Attempt(run=run, generation=run.generation, owner=owner,
+                              lease_expires_at=now + timedelta(seconds=lease_seconds))
+            sql.insert(attempt)
+            record(run, EventKind.STARTED,
+                   fields=("state", "generation", "started_at", "owner", "claimed_at"),
+                   actor=owner, source="worker", data={"owner": owner})
+            claimed.append(attempt)
+    return claimed
 
 
 def _locked_current(run_id, generation: int):

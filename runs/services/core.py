@@ -50,6 +50,18 @@ def locked_run(run_id) -> Run:
     return run
 
 
+def locked_runs(run_ids) -> list[Run]:
+    """The runs of ``run_ids`` that exist, row-locked in the order of their ids (so two
+    transactions locking overlapping sets never wait for each other in a cycle)."""
+    pks = set()
+    for run_id in run_ids:
+        try:
+            pks.add(Run._meta.pk.to_python(run_id))
+        except ValidationError:  # not a UUID: no such run
+            continue
+    return sql.lock_many(Run, sorted(pks))
+
+
 def record(
     run: Run,
     kind: str,

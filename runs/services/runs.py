@@ -41,6 +41,8 @@ from runs.services.errors import (
 )
 
 BUDGET_KEYS = ("max_steps", "max_seconds", "max_tokens")
+# The largest budget each column holds (max_seconds: ten years).
+BUDGET_LIMITS = {"max_steps": 2**31 - 1, "max_seconds": 315_360_000.0, "max_tokens": 2**63 - 1}
 MAX_REASON_LENGTH = 500
 
 
@@ -138,6 +140,7 @@ def _new_run(*, agent: str, input: dict | None = None, thread_id: str | None = N
         raise InvalidRequest(f"Unknown agent {agent!r}.", field="agent")
     if not isinstance(input, dict):
         raise InvalidRequest("input must be a JSON object.", field="input")
+    _check_storable(input, "input")
     parent = None
     if parent_id is not None:
         parent = parents.get(str(parent_id))
@@ -209,8 +212,27 @@ def _clean_budget(budget: dict) -> dict:
             raise InvalidRequest(f"budget.{key} must be {kind}.", field="budget")
         if value <= 0:
             raise InvalidRequest(f"budget.{key} must be greater than 0.", field="budget")
+        if value > BUDGET_LIMITS[key]:
+            raise InvalidRequest(f"budget.{key} must be at most {BUDGET_LIMITS[key]:g}.",
+                                 field="budget")
         clean[key] = value
     return clean
+
+
+def _check_storable(value, field: str) -> None:
+    """Refuse JSON that holds the NUL character: PostgreSQL's jsonb cannot store it, and a
+    run must not depend on which database it is written to."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise InvalidRequest(f"{field} must not contain the NUL character (\\u0000).",
+                                     field=field)
+        elif isinstance(item, dict):
+            pending += [*item, *item.values()]
+        elif isinstance(item, list):
+            pending += item
 
 
 def _fingerprint(*parts) -> str:
@@ -293,6 +315,7 @@ def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run
     Fails closed: a run that is not awaiting (an ended one included) raises NotAwaiting,
     another ticket raises TicketMismatch; neither changes anything.
     """
+    _check_storable(input, "input")
     with transaction.atomic():
         run = locked_run(run_id)
         if run.state != RunState.AWAITING:

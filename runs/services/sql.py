@@ -24,6 +24,19 @@ def lock(model, pk):
     return None if row is None else reader.instance(row)
 
 
+def lock_many(model, pks: list) -> list:
+    """The rows of ``model`` among primary keys ``pks``, locked in primary key order."""
+    if not pks:
+        return []
+    reader = _reader(model)
+    marks = ", ".join(["%s"] * len(pks))
+    prepare = model._meta.pk.get_db_prep_value
+    with connection.cursor() as cursor:
+        cursor.execute(reader.sql_many.format(marks=marks),
+                       [prepare(pk, connection) for pk in pks])
+        return [reader.instance(row) for row in cursor.fetchall()]
+
+
 def insert(instance) -> None:
     """Insert ``instance`` (defaults and ``auto_now_add`` applied as by ``save``); an
     automatic primary key is read back into it."""
@@ -87,8 +100,10 @@ class _Reader:
         fields = model._meta.concrete_fields
         self.attnames = [f.attname for f in fields]
         lock = " FOR UPDATE" if db.features.has_select_for_update else ""
-        self.sql = (f"SELECT {', '.join(f.column for f in fields)} FROM "
-                    f"{model._meta.db_table} WHERE {model._meta.pk.column} = %s{lock}")
+        select = f"SELECT {', '.join(f.column for f in fields)} FROM {model._meta.db_table}"
+        pk = model._meta.pk.column
+        self.sql = f"{select} WHERE {pk} = %s{lock}"
+        self.sql_many = f"{select} WHERE {pk} IN ({{marks}}) ORDER BY {pk}{lock}"
         self.compiler = model.objects.none().query.get_compiler(connection=db)
         self.converters = self.compiler.get_converters(
             [f.get_col(model._meta.db_table) for f in fields])
