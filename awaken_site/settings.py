@@ -133,10 +133,11 @@ def _database() -> dict:
                 "max_size": envnumber("DB_POOL_MAX", "20", minimum=1),
                 "timeout": 10,
             },
-            # Parameters bound by the server, so psycopg prepares a statement the fifth time
-            # a connection runs it: the transitions' few statements are parsed and planned
-            # once per connection instead of on every call.
+            # Parameters bound by the server, and a statement prepared the fifth time a
+            # connection runs it (Django leaves preparing off unless asked): the few
+            # statements of the transitions are parsed and planned once per connection.
             "server_side_binding": True,
+            "prepare_threshold": 5,
         }
     else:
         raise ImproperlyConfigured(f"DATABASE_URL must be sqlite:// or postgres://, not {url!r}")
