@@ -257,8 +257,10 @@ LOGGING = {
 # Live attempts one worker process holds at most, and its database threads.
 AWAKEN_WORKER_CAPACITY = envnumber("AWAKEN_WORKER_CAPACITY", "1000", minimum=1)
 AWAKEN_DB_THREADS = envnumber("AWAKEN_DB_THREADS", "8", minimum=1)
-# Runs queued together (a batch, a sweep) go to the workers this many to a message.
-AWAKEN_DISPATCH_CHUNK = envnumber("AWAKEN_DISPATCH_CHUNK", "8", minimum=1)
+# Runs queued together (a batch, a sweep) go to the workers this many to a message, and
+# a worker claims a message's runs in one transaction. Measured on 2 cores with batches of
+# 50: 8 to a message, 251 lifecycles/s; 16, 278; 25, 293; 50, 305.
+AWAKEN_DISPATCH_CHUNK = envnumber("AWAKEN_DISPATCH_CHUNK", "50", minimum=1)
 # How long a live command waits for the owning worker's answer.
 AWAKEN_DELIVERY_TIMEOUT = envnumber("AWAKEN_DELIVERY_TIMEOUT", "1.0", kind=float, minimum=0.05)
 

@@ -36,6 +36,7 @@ from runs.services.core import (
     locked_runs,
     pending_intent,
     record,
+    record_each,
     record_intent,
     release_claim,
 )
@@ -57,22 +58,21 @@ def attempts_start(*, run_ids, owner: str, lease_seconds: float) -> list[Attempt
     that arrived in one task message. The others are skipped; unknown ids are ignored."""
     with transaction.atomic():
         now = timezone.now()
-        claimed = []
-        for run in locked_runs(run_ids):
-            if run.state != RunState.QUEUED or (run.start_after and run.start_after > now):
-                continue
+        runs = [run for run in locked_runs(run_ids) if run.state == RunState.QUEUED
+                and not (run.start_after and run.start_after > now)]
+        attempts = []
+        for run in runs:
             run.state = RunState.RUNNING
             run.generation += 1
             run.started_at = run.started_at or now
             run.owner, run.claimed_at = owner, now
-            attempt = Attempt(run=run, generation=run.generation, owner=owner,
-                              lease_expires_at=now + timedelta(seconds=lease_seconds))
-            sql.insert(attempt)
-            record(run, EventKind.STARTED,
-                   fields=("state", "generation", "started_at", "owner", "claimed_at"),
-                   actor=owner, source="worker", data={"owner": owner})
-            claimed.append(attempt)
-    return claimed
+            attempts.append(Attempt(run=run, generation=run.generation, owner=owner,
+                                    lease_expires_at=now + timedelta(seconds=lease_seconds)))
+        sql.insert(*attempts)
+        record_each(runs, EventKind.STARTED,
+                    fields=("state", "generation", "started_at", "owner", "claimed_at"),
+                    actor=owner, source="worker", data={"owner": owner})
+    return attempts
 
 
 def _locked_current(run_id, generation: int):

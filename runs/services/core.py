@@ -72,14 +72,26 @@ def record(
     data: dict | None = None,
 ) -> Event:
     """Save ``fields`` of the locked ``run``, bump its version and write one event."""
-    run.version += 1
-    sql.update(run, (*fields, "version", "updated_at"))
-    event = Event(run=run, version=run.version, kind=kind, state=run.state,
-                  end_cause=run.end_cause, generation=run.generation, actor=actor,
-                  source=source, data=data or {})
-    sql.insert(event)
-    after_commit(broadcast.run_changed, run=run, event=event)
-    return event
+    return record_each([run], kind, fields=fields, actor=actor, source=source, data=data)[0]
+
+
+def record_each(runs: list[Run], kind: str, *, fields: tuple[str, ...] = (),
+                actor: str | None = None, source: str | None = None,
+                data: dict | None = None) -> list[Event]:
+    """``record`` for several locked runs that take the same step (a claim of a task
+    message's runs): one UPDATE per run, one INSERT for all their events."""
+    if not runs:
+        return []
+    events = []
+    for run in runs:
+        run.version += 1
+        sql.update(run, (*fields, "version", "updated_at"))
+        events.append(Event(run=run, version=run.version, kind=kind, state=run.state,
+                            end_cause=run.end_cause, generation=run.generation, actor=actor,
+                            source=source, data=dict(data or {})))
+    sql.insert(*events)
+    after_commit(broadcast.runs_changed, changes=list(zip(runs, events, strict=True)))
+    return events
 
 
 def record_created(runs: list[Run], *, actor: str | None, source: str) -> None:

@@ -37,16 +37,25 @@ def lock_many(model, pks: list) -> list:
         return [reader.instance(row) for row in cursor.fetchall()]
 
 
-def insert(instance) -> None:
-    """Insert ``instance`` (defaults and ``auto_now_add`` applied as by ``save``); an
-    automatic primary key is read back into it."""
-    sql, fields, auto = _insert_sql(type(instance))
-    values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
+def insert(*instances) -> None:
+    """Insert ``instances`` (all of one model) in one statement, defaults and
+    ``auto_now_add`` applied as by ``save``; an automatic primary key is read back into
+    each."""
+    if not instances:
+        return
+    sql, fields, auto = _insert_sql(type(instances[0]))
+    row = f"({', '.join(['%s'] * len(fields))})"
+    values = [f.get_db_prep_save(f.pre_save(instance, True), connection)
+              for instance in instances for f in fields]
     with connection.cursor() as cursor:
-        cursor.execute(sql, values)
+        cursor.execute(sql.format(rows=", ".join([row] * len(instances))), values)
         if auto is not None:
-            setattr(instance, auto.attname, cursor.fetchone()[0])
-    instance._state.adding, instance._state.db = False, connection.alias
+            # PostgreSQL and SQLite return the rows in the order of VALUES (bulk_create
+            # relies on the same).
+            for instance, (pk,) in zip(instances, cursor.fetchall(), strict=True):
+                setattr(instance, auto.attname, pk)
+    for instance in instances:
+        instance._state.adding, instance._state.db = False, connection.alias
 
 
 def update(instance, names: tuple[str, ...]) -> None:
@@ -77,9 +86,8 @@ def _insert_sql(model):
     auto = model._meta.pk if model._meta.pk.db_returning else None
     fields = [f for f in model._meta.concrete_fields if f is not auto]
     columns = ", ".join(f.column for f in fields)
-    marks = ", ".join(["%s"] * len(fields))
     returning = f" RETURNING {auto.column}" if auto is not None else ""
-    return (f"INSERT INTO {model._meta.db_table} ({columns}) VALUES ({marks}){returning}",
+    return (f"INSERT INTO {model._meta.db_table} ({columns}) VALUES {{rows}}{returning}",
             fields, auto)
 
 
