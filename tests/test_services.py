@@ -371,3 +371,32 @@ def test_one_claim_takes_every_queued_due_run_of_a_message_and_skips_the_rest():
         assert kinds(run) == ["created", "started"]
     assert Run.objects.get(pk=later.id).state == "queued"
     assert Run.objects.get(pk=running.id).generation == 1
+
+
+def test_the_hot_statements_read_and_write_rows_as_the_orm_does():
+    from datetime import timedelta
+
+    from django.db import transaction
+    from django.utils import timezone
+
+    from runs.services import sql
+
+    parent = queued_run()
+    child = queued_run(parent_id=parent.id, input={"deep": [1, {"x": "ü"}], "n": None},
+                       budget={"max_seconds": 2.5, "max_tokens": 2**40},
+                       start_after=timezone.now() - timedelta(seconds=1))
+    run, generation = running_run()
+    services.attempt_step(run_id=run.id, generation=generation, tokens=3,
+                          agent_state={"cursor": [1, 2]})
+    services.attempt_pause(run_id=run.id, generation=generation, prompt={"ask": "ok?"})
+
+    def fields(instance):
+        return {f.attname: getattr(instance, f.attname) for f in Run._meta.concrete_fields}
+
+    for pk in (parent.id, child.id, run.id):
+        with transaction.atomic():
+            assert fields(sql.lock(Run, pk)) == fields(Run.objects.get(pk=pk))
+    with transaction.atomic():
+        locked = sql.lock_many(Run, sorted([child.id, parent.id, uuid.uuid4()]))
+    assert [r.id for r in locked] == sorted([child.id, parent.id])
+    assert [fields(r) for r in locked] == [fields(Run.objects.get(pk=r.id)) for r in locked]
