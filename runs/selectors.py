@@ -46,8 +46,10 @@ def run_list(*, filters: dict, search: str = "", cursor: str | None = None, limi
             queryset = queryset.filter(thread_id=search)
     if cursor:
         created_at, run_id = decode_cursor(cursor)
-        queryset = queryset.filter(
-            Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=run_id)
+        # (created_at, id) < (cursor): the first condition alone is what lets the index
+        # scan start at the cursor instead of skipping every newer run to reach it.
+        queryset = queryset.filter(created_at__lte=created_at).filter(
+            Q(created_at__lt=created_at) | Q(id__lt=run_id)
         )
     page = list(queryset[: limit + 1])
     more = len(page) > limit

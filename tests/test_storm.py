@@ -34,7 +34,26 @@ def workers(spare_worker):
     return [spare_worker(lease_seconds=2, concurrency=4) for _ in range(WORKERS)]
 
 
-def new_run(api, rng):
+def new_runs(api, rng, count) -> list[str]:
+    """``count`` runs of random agents, half created one by one and half in batches of up to
+    50 (which reach the workers 50 to a message, claimed together)."""
+    single = count // 2
+    ids = [new_run(api, rng) for _ in range(single)]
+    while len(ids) < count:
+        specs = [random_spec(rng) for _ in range(min(50, count - len(ids)))]
+        response = api.post("/api/runs/batch/", {"runs": specs}, format="json")
+        assert response.status_code == 201
+        ids += [run["id"] for run in response.json()["results"]]
+    return ids
+
+
+def new_run(api, rng) -> str:
+    response = api.post("/api/runs/", random_spec(rng), format="json")
+    assert response.status_code == 201
+    return response.json()["id"]
+
+
+def random_spec(rng) -> dict:
     agent, input = rng.choice([
         ("demo.steps", {"steps": rng.randint(1, 6),
                         "step_seconds": rng.choice([0.01, 0.05, 0.2])}),
@@ -42,9 +61,7 @@ def new_run(api, rng):
         ("demo.hang", {}),
         ("demo.late", {"late_seconds": 0.3}),
     ])
-    response = api.post("/api/runs/", {"agent": agent, "input": input}, format="json")
-    assert response.status_code == 201
-    return response.json()["id"]
+    return {"agent": agent, "input": input}
 
 
 def test_a_storm_of_controls_keeps_every_guarantee(workers, settings):
@@ -53,7 +70,7 @@ def test_a_storm_of_controls_keeps_every_guarantee(workers, settings):
     operator = make_user("storm", "operator")
     rng = random.Random(int(os.getenv("STORM_SEED", "20261130")))
     setup = client_for(operator)
-    run_ids = [new_run(setup, rng) for _ in range(RUNS)]
+    run_ids = new_runs(setup, rng, RUNS)
     outcomes = Counter()
     accepted_resumes = []  # (run id, time the 200 came back)
     lock = threading.Lock()

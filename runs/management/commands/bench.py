@@ -103,7 +103,7 @@ class Command(BaseCommand):
                             help="push: numbers of connected socket clients.")
         parser.add_argument("--commits", type=int, default=200,
                             help="push: committed transitions measured per client count.")
-        parser.add_argument("--lifecycles", type=int, default=2000,
+        parser.add_argument("--lifecycles", type=int, default=5000,
                             help="lifecycle: runs created and completed.")
         parser.add_argument("--workers", type=int, default=4,
                             help="lifecycle: worker processes.")
@@ -129,10 +129,7 @@ class Command(BaseCommand):
         }
         rows = []
         for name in (parts if what == "all" else [what]):
-            try:
-                rows += parts[name]()
-            finally:
-                self.cleanup()
+            rows += parts[name]()
         self.print_table(rows)
 
     @contextmanager
@@ -156,6 +153,7 @@ class Command(BaseCommand):
                        "the web and worker processes")
             yield port, processes, queue
         finally:
+            self.cleanup()  # while the workers still take live commands
             processes.stop()
 
     def cancel(self, levels, cancels, batch, no_baseline) -> list:
@@ -187,13 +185,17 @@ class Command(BaseCommand):
             return {}
 
     def cleanup(self):
-        """End whatever the benchmark left live, so no run of it stays running."""
-        for run_id in Run.objects.filter(created_by__username="bench").exclude(
-                state=RunState.ENDED).values_list("id", flat=True):
-            from runs import services
+        """End whatever the benchmark left live, so no run of it stays running (called
+        while its workers still run, so they take the stops and commit them)."""
+        from runs import services
 
+        left = list(Run.objects.filter(created_by__username="bench").exclude(
+            state=RunState.ENDED).values_list("id", flat=True))
+        for run_id in left:
             services.run_stop(run_id=run_id, actor="bench", source="cli",
                               reason="benchmark finished")
+        wait_until(lambda: not Run.objects.filter(pk__in=left).exclude(
+            state=RunState.ENDED).exists(), 60, "the benchmark's runs to end")
 
     # --- measurements ---------------------------------------------------------------------
 
