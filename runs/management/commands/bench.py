@@ -77,12 +77,12 @@ class Client:
         return response.status, json.loads(response.read() or b"null")
 
 
-def wait_until(condition, timeout: float, what: str):
+def wait_until(condition, timeout: float, what: str, every: float = 0.02):
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise CommandError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(every)
 
 
 class Command(BaseCommand):
@@ -153,8 +153,10 @@ class Command(BaseCommand):
                        "the web and worker processes")
             yield port, processes, queue
         finally:
-            self.cleanup()  # while the workers still take live commands
-            processes.stop()
+            try:
+                self.cleanup()  # while the workers still take live commands
+            finally:
+                processes.stop()
 
     def cancel(self, levels, cancels, batch, no_baseline) -> list:
         rows = []
@@ -187,15 +189,19 @@ class Command(BaseCommand):
     def cleanup(self):
         """End whatever the benchmark left live, so no run of it stays running (called
         while its workers still run, so they take the stops and commit them)."""
-        from runs import services
+        from runs import services, sweeper
 
         left = list(Run.objects.filter(created_by__username="bench").exclude(
             state=RunState.ENDED).values_list("id", flat=True))
         for run_id in left:
             services.run_stop(run_id=run_id, actor="bench", source="cli",
                               reason="benchmark finished")
-        wait_until(lambda: not Run.objects.filter(pk__in=left).exclude(
-            state=RunState.ENDED).exists(), 60, "the benchmark's runs to end")
+        deadline = time.monotonic() + 4 * settings.AWAKEN_LEASE_SECONDS
+        while Run.objects.filter(pk__in=left).exclude(state=RunState.ENDED).exists():
+            if time.monotonic() > deadline:
+                raise CommandError("runs of the benchmark did not end")
+            sweeper.sweep()  # a run whose worker is gone (an earlier, killed benchmark)
+            time.sleep(0.5)
 
     # --- measurements ---------------------------------------------------------------------
 
@@ -344,9 +350,10 @@ class Command(BaseCommand):
                 with ThreadPoolExecutor(8) as pool:
                     for ids in pool.map(make, [total // 8] * 8):
                         created += ids
+                # Polled gently: the check of thousands of runs is load of its own.
                 wait_until(lambda created=created: Run.objects.filter(
                     pk__in=created, state=RunState.ENDED).count() == len(created), 600,
-                    "every run to complete")
+                    "every run to complete", every=0.25)
                 elapsed = time.monotonic() - started
                 completed = Run.objects.filter(pk__in=created, end_cause="completed").count()
                 rows.append((f"{workers} wkr", f"lifecycles per second, {how}",
