@@ -1,6 +1,6 @@
 """Push committed transitions to the channel layer, all to one group (``runs``).
 
-The services call ``run_changed`` from ``transaction.on_commit`` only, so nothing that was
+The services call ``runs_changed`` from ``transaction.on_commit`` only, so nothing that was
 rolled back is ever announced. Messages are handed to one long-lived event loop per process
 and sent in commit order; the sender never builds a loop per call.
 """
@@ -17,10 +17,6 @@ from channels.layers import get_channel_layer
 log = logging.getLogger(__name__)
 
 RUNS_GROUP = "runs"
-
-
-def run_changed(*, run, event) -> None:
-    runs_changed(changes=[(run, event)])
 
 
 def runs_changed(*, changes) -> None:
