@@ -80,18 +80,11 @@ def record_each(runs: list[Run], kind: str, *, fields: tuple[str, ...] = (),
                 data: dict | None = None) -> list[Event]:
     """``record`` for several locked runs that take the same step (a claim of a task
     message's runs): one UPDATE per run, one INSERT for all their events."""
-    if not runs:
-        return []
-    events = []
     for run in runs:
         run.version += 1
         sql.update(run, (*fields, "version", "updated_at"))
-        events.append(Event(run=run, version=run.version, kind=kind, state=run.state,
-                            end_cause=run.end_cause, generation=run.generation, actor=actor,
-                            source=source, data=dict(data or {})))
-    sql.insert(*events)
-    after_commit(broadcast.runs_changed, changes=list(zip(runs, events, strict=True)))
-    return events
+    return _write_events(runs, kind, actor=actor, source=source,
+                         data=lambda run: dict(data or {}))
 
 
 def record_created(runs: list[Run], *, actor: str | None, source: str) -> None:
@@ -99,13 +92,22 @@ def record_created(runs: list[Run], *, actor: str | None, source: str) -> None:
     the runs and one for the events, however many there are."""
     for run in runs:
         run.version = 1
-    Run.objects.bulk_create(runs)
-    events = Event.objects.bulk_create([
-        Event(run=run, version=1, kind=EventKind.CREATED, state=run.state,
-              generation=run.generation, actor=actor, source=source, data={"agent": run.agent})
-        for run in runs
-    ])
+    sql.insert(*runs)
+    _write_events(runs, EventKind.CREATED, actor=actor, source=source,
+                  data=lambda run: {"agent": run.agent})
+
+
+def _write_events(runs: list[Run], kind: str, *, actor, source, data) -> list[Event]:
+    """Insert one ``kind`` event per run at its current version (one statement), and
+    announce each run with its event once the transaction commits."""
+    if not runs:
+        return []
+    events = [Event(run=run, version=run.version, kind=kind, state=run.state,
+                    end_cause=run.end_cause, generation=run.generation, actor=actor,
+                    source=source, data=data(run)) for run in runs]
+    sql.insert(*events)
     after_commit(broadcast.runs_changed, changes=list(zip(runs, events, strict=True)))
+    return events
 
 
 def after_commit(fn, /, **kwargs) -> None:
