@@ -27,15 +27,18 @@ run: $(STAMP) var/secret_key
 	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py collectstatic --no-input -v 0
 	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py serve --port $(PORT)
 
-## Lint, then run the whole test suite (SQLite by default; DATABASE_URL=postgres://... for
+## Lint, check the import layers, then run the whole test suite (SQLite by default; DATABASE_URL=postgres://... for
 ## PostgreSQL, REDIS_URL=redis://... for the tests of real workers and the Redis layer).
 test: $(STAMP)
-	$(BIN)/ruff check runs awaken_site tests
+	$(BIN)/ruff check runs awaken_site harness tests
+	$(BIN)/lint-imports
 	$(BIN)/pytest
 
 clean:
 	rm -rf $(VENV) var/static
 
-## Lint with ruff (the configuration is in pyproject.toml).
+## Lint with ruff, and check the layers and cycles of the imports (both configured in
+## pyproject.toml).
 lint: $(STAMP)
-	$(BIN)/ruff check runs awaken_site tests
+	$(BIN)/ruff check runs awaken_site harness tests
+	$(BIN)/lint-imports

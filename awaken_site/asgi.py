@@ -1,6 +1,5 @@
 import gc
 import os
-import sys
 
 import django
 
@@ -13,13 +12,8 @@ django_asgi_app = SyncChainASGIHandler()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from runs import broadcast, routing  # noqa: E402
-from runs.socket_auth import SocketAuth  # noqa: E402
-
-# Under daphne, publish on the server's own loop: the in-memory channel layer (the embedded
-# default) is bound to the loop its consumers wait on.
-if "daphne.server" in sys.modules:
-    broadcast.publisher.bind(sys.modules["daphne.server"].twisted_loop)
+from runs.sockets import routing  # noqa: E402
+from runs.sockets.auth import SocketAuth  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": django_asgi_app,

@@ -5,6 +5,7 @@ broker); production points ``DATABASE_URL`` at PostgreSQL and ``REDIS_URL`` (or
 ``CELERY_BROKER_URL``) at a real broker. A bad value fails loudly at start-up.
 """
 
+import importlib.util
 import os
 import secrets
 from pathlib import Path
@@ -78,6 +79,10 @@ INSTALLED_APPS = [
     "channels",
     "runs",
 ]
+# The development harness (benchmarks, the processes the tests start) is a folder of the
+# repository, not part of the installed package: present in a checkout, absent in a wheel.
+if importlib.util.find_spec("harness") is not None:
+    INSTALLED_APPS.append("harness")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from runs import views
+from runs.pages import views
 
 handler404 = "runs.api.errors.not_found"
 

@@ -7,22 +7,23 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.shortcuts import render
 
-from runs import services
-from runs.models import Attempt, ControlIntent, Event, ResumeTicket, Run, RunState, TicketState
-from runs.roles import is_operator
-from runs.services.errors import ServiceError
+from runs import domain
+from runs.domain import selectors
+from runs.domain.errors import ServiceError
+from runs.domain.roles import is_operator
+from runs.models import Attempt, ControlIntent, Event, ResumeTicket, Run
 
 SOURCE = "admin"
 
 
 def _apply(modeladmin, request, queryset, verb: str, call) -> None:
-    """Call the service for each selected run; count what it did and what it refused."""
+    """Call the service for each selected row; count what it did and what it refused."""
     done, unchanged, refused = 0, 0, []
-    for run_id in queryset.values_list("pk", flat=True):
+    for pk in queryset.values_list("pk", flat=True):
         try:
-            changed = call(run_id)
+            changed = call(pk)
         except ServiceError as error:
-            refused.append(f"{run_id}: {error.message}")
+            refused.append(f"{pk}: {error.message}")
             continue
         if changed:
             done += 1
@@ -40,7 +41,7 @@ def _apply(modeladmin, request, queryset, verb: str, call) -> None:
 @admin.action(description="Cancel selected runs", permissions=["control"])
 def cancel_runs(modeladmin, request, queryset):
     def call(run_id):
-        result = services.run_cancel(run_id=run_id, actor=request.user.get_username(),
+        result = domain.run_cancel(run_id=run_id, actor=request.user.get_username(),
                                      source=SOURCE)
         return result.path != "ended"
 
@@ -56,7 +57,7 @@ def stop_runs(modeladmin, request, queryset):
     form = StopForm(request.POST if "apply" in request.POST else None)
     if form.is_valid():
         def call(run_id):
-            result = services.run_stop(run_id=run_id, actor=request.user.get_username(),
+            result = domain.run_stop(run_id=run_id, actor=request.user.get_username(),
                                        source=SOURCE, reason=form.cleaned_data["reason"])
             return result.path != "ended"
 
@@ -75,8 +76,8 @@ def stop_runs(modeladmin, request, queryset):
 @admin.action(description="Resume selected awaiting runs", permissions=["control"])
 def resume_runs(modeladmin, request, queryset):
     def call(run_id):
-        run = Run.objects.select_related("ticket").get(pk=run_id)
-        services.run_resume(run_id=run_id, ticket_id=run.ticket_id,
+        run = selectors.run_get(run_id)
+        domain.run_resume(run_id=run_id, ticket_id=run.ticket_id,
                             actor=request.user.get_username(), source=SOURCE)
         return True
 
@@ -156,22 +157,19 @@ class AttemptAdmin(ReadOnlyAdmin):
               permissions=["control"])
 def revoke_tickets(modeladmin, request, queryset):
     """An open ticket is the only thing that can wake its run: revoking it ends the run."""
-    def call(run_id):
-        result = services.run_stop(run_id=run_id, actor=request.user.get_username(),
-                                   source=SOURCE, reason="Resume ticket revoked by an operator.")
+    def call(ticket_id):
+        result = domain.ticket_revoke(ticket_id=ticket_id, actor=request.user.get_username(),
+                                      source=SOURCE)
         return result.path != "ended"
 
-    runs = Run.objects.filter(
-        pk__in=queryset.filter(state=TicketState.OPEN).values("run_id"), state=RunState.AWAITING
-    )
-    _apply(modeladmin, request, runs, "Ticket revoked, run stopped", call)
+    _apply(modeladmin, request, queryset, "Ticket revoked, run stopped", call)
 
 
 @admin.action(description="Resume with selected open tickets", permissions=["control"])
 def resume_with_tickets(modeladmin, request, queryset):
     def call(ticket_id):
-        ticket = ResumeTicket.objects.get(pk=ticket_id)
-        services.run_resume(run_id=ticket.run_id, ticket_id=ticket.pk,
+        ticket = selectors.ticket_get(ticket_id)
+        domain.run_resume(run_id=ticket.run_id, ticket_id=ticket.pk,
                             actor=request.user.get_username(), source=SOURCE)
         return True
 

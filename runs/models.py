@@ -46,6 +46,25 @@ class Source(models.TextChoices):
 LIVE_STATES = (RunState.QUEUED, RunState.RUNNING, RunState.AWAITING)
 
 
+class Action(models.TextChoices):
+    """What an operator may ask of a run; which ones a state allows is ``ALLOWED_ACTIONS``."""
+
+    PAUSE = "pause", "Pause"
+    RESUME = "resume", "Resume"
+    CANCEL = "cancel", "Cancel"
+    STOP = "stop", "Stop"
+
+
+# The one statement of which actions each state allows (SPEC §2). The run JSON carries it
+# as ``actions``, and the pages show exactly those buttons.
+ALLOWED_ACTIONS = {
+    RunState.QUEUED: (Action.CANCEL, Action.STOP),
+    RunState.RUNNING: (Action.PAUSE, Action.CANCEL, Action.STOP),
+    RunState.AWAITING: (Action.RESUME, Action.CANCEL, Action.STOP),
+    RunState.ENDED: (),
+}
+
+
 class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     agent = models.CharField(max_length=100, help_text="Name of the agent in the catalogue.")
@@ -207,6 +226,10 @@ class Run(models.Model):
     def status_label(self) -> str:
         """One word for people: the end cause once ended, otherwise the state."""
         return self.end_cause if self.is_ended else self.state
+
+    @property
+    def allowed_actions(self) -> tuple[str, ...]:
+        return tuple(str(action) for action in ALLOWED_ACTIONS[self.state])
 
 
 class AttemptState(models.TextChoices):

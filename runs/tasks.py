@@ -1,11 +1,13 @@
-"""Celery tasks: ids in, one call into the executor or the services, nothing else."""
+"""Celery tasks: ids in, one call into the executor or the domain, nothing else."""
 
 from celery import shared_task
 
-from runs import control  # noqa: F401  (registers the remote-control command in workers)
+from runs import domain
+from runs.runtime.executor import get_executor
+from runs.wire import web_side, worker_side
 
 
-@shared_task(bind=True, name="runs.execute", acks_late=True, ignore_result=True,
+@shared_task(bind=True, name=web_side.EXECUTE, acks_late=True, ignore_result=True,
              max_retries=None)
 def execute(self, run_ids: list[str] | str) -> None:
     """Claim each run of ``run_ids`` and start its attempt on this worker's executor.
@@ -15,9 +17,7 @@ def execute(self, run_ids: list[str] | str) -> None:
     second. If the claim fails on an error, the runs stay queued and the sweeper sends
     them again.
     """
-    from runs.runtime.executor import get_executor
-
-    executor = get_executor(node=control.node_name or self.request.hostname)
+    executor = get_executor(node=worker_side.node_name or self.request.hostname)
     run_ids = [run_ids] if isinstance(run_ids, str) else list(run_ids)
     room = executor.room
     if room:
@@ -28,6 +28,4 @@ def execute(self, run_ids: list[str] | str) -> None:
 
 @shared_task(name="runs.sweep", ignore_result=True)
 def sweep() -> dict:
-    from runs import sweeper
-
-    return sweeper.sweep()
+    return domain.sweep()

@@ -1,6 +1,6 @@
 """Put runs into a given state through the services, as production does."""
 
-from runs import services
+from runs import domain as services
 from runs.models import Run
 
 OWNER = "test-worker:1"

@@ -5,7 +5,7 @@ import uuid
 import pytest
 import yaml
 
-from runs import services
+from runs import domain as services
 from runs.models import Run
 from tests.conftest import browser_for, client_for, db_state
 from tests.factories import awaiting_run, queued_run, running_run
@@ -34,7 +34,7 @@ def test_create_returns_the_run(op_client):
 def test_a_batch_creates_every_run_in_order_and_dispatches_each(
         op_client, monkeypatch, django_capture_on_commit_callbacks):
     sent = []
-    monkeypatch.setattr("runs.dispatch.runs_queued", lambda runs: sent.extend(runs))
+    monkeypatch.setattr("runs.wire.web_side.runs_queued", lambda runs: sent.extend(runs))
     parent = queued_run()
     items = [{"agent": "demo.steps", "input": {"steps": 1}},
              {"agent": "demo.fail", "budget": {"max_steps": 2}, "thread_id": "t-1"},

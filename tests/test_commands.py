@@ -2,7 +2,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.authtoken.models import Token
 
-from runs.roles import is_operator, is_viewer
+from runs.domain.roles import is_operator, is_viewer
 from tests.conftest import client_for, make_user
 
 pytestmark = pytest.mark.django_db

@@ -1,6 +1,5 @@
 """The websocket protocol of API.md: who may connect, the snapshot, pushes, and resume."""
 
-import asyncio
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -9,7 +8,7 @@ from channels.testing import WebsocketCommunicator
 from rest_framework.authtoken.models import Token
 
 from awaken_site.asgi import application
-from runs import broadcast, services
+from runs import domain as services
 from runs.models import Event
 from tests.conftest import browser_for, make_user
 from tests.factories import queued_run
@@ -82,7 +81,6 @@ def test_snapshot_then_pushes_in_seq_order(viewer):
     headers = [token_header(viewer)]
 
     async def body():
-        broadcast.publisher.bind(asyncio.get_running_loop())
         communicator, connected, _ = await connect("/ws/runs/", headers)
         assert connected
         snapshot = await communicator.receive_json_from(timeout=5)
@@ -114,7 +112,6 @@ def test_one_runs_socket_gets_only_that_run(viewer):
     headers = [token_header(viewer)]
 
     async def body():
-        broadcast.publisher.bind(asyncio.get_running_loop())
         communicator, connected, _ = await connect(f"/ws/runs/{mine.id}/", headers)
         assert connected
         snapshot = await communicator.receive_json_from(timeout=5)

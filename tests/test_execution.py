@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from runs import services, sweeper
+from runs import domain as services
 from runs.models import Event, EventKind, Run, RunState
 from tests.conftest import client_for, make_user, wait_for
 
@@ -233,7 +233,7 @@ def test_pause_of_a_run_that_is_not_running_is_not_active(worker, api):
 
 
 def sweep_until(predicate, timeout: float, what: str):
-    return wait_for(lambda: (sweeper.sweep(), predicate())[1], timeout, what)
+    return wait_for(lambda: (services.sweep(), predicate())[1], timeout, what)
 
 
 def start_on(process, agent, input=None) -> str:

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from runs import sweeper
+from runs import domain
 from runs.models import ControlIntent, Run, RunState
 from tests.conftest import make_user, wait_for
 from tests.sites import free_port
@@ -111,7 +111,7 @@ def run_of(run_id) -> Run:
 def settle(timeout=20):
     """Sweep until nothing runs without a live, renewed lease and no intent is pending."""
     def settled():
-        sweeper.sweep()
+        domain.sweep()
         pending = ControlIntent.objects.filter(applied_at__isnull=True).exists()
         return not pending
     wait_for(settled, timeout, "every accepted request to be applied")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from runs import services
+from runs import domain as services
 from tests.conftest import browser_for, make_user
 from tests.factories import queued_run
 from tests.workers import ROOT

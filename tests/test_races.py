@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from runs import services
+from runs import domain as services
+from runs.domain import Ending
 from runs.models import ControlIntent, Event, EventKind, ResumeTicket, Run, RunState, TicketState
-from runs.services import Ending
 from tests.factories import OWNER, awaiting_run, queued_run, running_run
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -23,7 +23,7 @@ def threads_are_the_only_actors(settings, monkeypatch):
     # The threads below play every part, the attempts included: no queued run may reach a
     # worker process another test started, and a live delivery finds nobody to answer
     # (the recorded intent is what these tests are about), so do not wait a second for it.
-    monkeypatch.setattr("runs.dispatch.runs_queued", lambda **kwargs: None)
+    monkeypatch.setattr("runs.wire.web_side.runs_queued", lambda **kwargs: None)
     settings.AWAKEN_DELIVERY_TIMEOUT = 0.01
 
 

@@ -96,7 +96,7 @@ def test_a_cancelled_token_stops_work_before_it_starts():
 
 
 def entry(run_id="r", generation=1):
-    return Entry(run_id, generation, CancellationToken(), loop=asyncio.new_event_loop())
+    return Entry(run_id, generation, CancellationToken())
 
 
 def test_a_stale_generation_cannot_unregister_its_replacement():

@@ -6,7 +6,8 @@ from unittest import mock
 
 import pytest
 
-from runs import services
+from runs import domain as services
+from runs.domain import Ending
 from runs.models import (
     Attempt,
     AttemptState,
@@ -19,7 +20,6 @@ from runs.models import (
     RunState,
     TicketState,
 )
-from runs.services import Ending
 from tests.conftest import db_state
 from tests.factories import OWNER, awaiting_run, queued_run, running_run
 
@@ -296,15 +296,15 @@ def test_start_waits_for_start_after():
 
 
 def test_every_transition_is_broadcast_after_commit(django_capture_on_commit_callbacks):
-    with mock.patch("runs.broadcast.publisher.send") as send:
+    with mock.patch("runs.changes.stream.publish") as send:
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
             run = queued_run()
         assert send.call_count == 0  # nothing before the commit
         for callback in callbacks:
             callback()
     (messages,), _ = send.call_args
-    [(groups, message)] = messages
-    assert groups == ("runs",) and message["run_id"] == str(run.id)
+    [message] = messages
+    assert message["run_id"] == str(run.id)
     assert message["type"] == "run.changed"
     pushed = json.loads(message["text"])
     assert pushed["type"] == "run.changed"
@@ -317,8 +317,8 @@ def test_a_failure_after_commit_never_undoes_or_fails_the_request(monkeypatch):
     def broker_down(**kwargs):
         raise ConnectionError("broker down")
 
-    monkeypatch.setattr("runs.dispatch.runs_queued", broker_down)
-    monkeypatch.setattr("runs.broadcast.publisher.send", lambda *a, **k: broker_down())
+    monkeypatch.setattr("runs.wire.web_side.runs_queued", broker_down)
+    monkeypatch.setattr("runs.changes.stream.publish", lambda *a, **k: broker_down())
     run, created = services.run_create(agent="demo.steps")  # dispatch and broadcast both fail
     assert created and Run.objects.get(pk=run.id).state == RunState.QUEUED
 
@@ -337,14 +337,14 @@ def test_due_runs_go_to_workers_in_chunks_and_later_ones_alone(settings, monkeyp
 
     from django.utils import timezone
 
-    from runs import dispatch
+    from runs.wire import web_side
 
     sent = []
-    monkeypatch.setattr("runs.tasks.execute.apply_async",
-                        lambda args, eta=None, **kwargs: sent.append((args[0], eta)))
+    monkeypatch.setattr("runs.wire.web_side.current_app.send_task",
+                        lambda name, args, eta=None, **kwargs: sent.append((args[0], eta)))
     settings.AWAKEN_DISPATCH_CHUNK = 8
     later = timezone.now() + timedelta(hours=1)
-    dispatch.runs_queued(runs=[(n, None) for n in range(19)] + [(99, later)])
+    web_side.runs_queued(runs=[(n, None) for n in range(19)] + [(99, later)])
     assert sent == [([str(n) for n in range(8)], None),
                     ([str(n) for n in range(8, 16)], None),
                     (["16", "17", "18"], None),
@@ -379,7 +379,7 @@ def test_the_hot_statements_read_and_write_rows_as_the_orm_does():
     from django.db import transaction
     from django.utils import timezone
 
-    from runs.services import sql
+    from runs.domain import sql
 
     parent = queued_run()
     child = queued_run(parent_id=parent.id, input={"deep": [1, {"x": "ü"}], "n": None},

@@ -17,7 +17,7 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from runs import services, sweeper
+from runs import domain as services
 from runs.models import Attempt, AttemptState, ControlIntent, Event, EventKind, Run, RunState
 from tests.conftest import client_for, make_user, wait_for
 
@@ -119,7 +119,7 @@ def test_a_storm_of_controls_keeps_every_guarantee(workers, settings):
     # Drain: end whatever is still live, then let every accepted request land.
     for run_id in Run.objects.exclude(state=RunState.ENDED).values_list("id", flat=True):
         services.run_stop(run_id=run_id, actor="storm", source="cli", reason="storm is over")
-    wait_for(lambda: (sweeper.sweep(), not Run.objects.exclude(state=RunState.ENDED).exists())[1],
+    wait_for(lambda: (services.sweep(), not Run.objects.exclude(state=RunState.ENDED).exists())[1],
              60, "every run to end")
 
     # SPEC §7 on what committed.

@@ -1,6 +1,2 @@
-"""The catalogue of agents a run may name: every registered ``runs.runtime.agent.Agent``."""
-
-from runs.agents import demo  # noqa: F401  (registers the demo agents)
-from runs.runtime.agent import CATALOGUE
-
-__all__ = ["CATALOGUE"]
+"""Agents that ship with awaken-site. Each module registers its agents in the catalogue
+(``runs.domain.catalogue``) when it is imported; the project wiring imports them."""

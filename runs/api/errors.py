@@ -1,11 +1,12 @@
 """Every API error is ``{"code": str, "detail": str}`` with one status per code."""
 
 from django.http import Http404, JsonResponse
+from django.views.defaults import page_not_found
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from runs.services import ServiceError
+from runs.domain.errors import ServiceError
 
 
 def exception_handler(exc, context):
@@ -45,6 +46,4 @@ def not_found(request, exception=None):
     if request.path.startswith("/api/"):
         return JsonResponse({"code": "not_found", "detail": "Not found."},
                             status=status.HTTP_404_NOT_FOUND)
-    from django.views.defaults import page_not_found
-
     return page_not_found(request, exception)

@@ -1,6 +1,6 @@
 from rest_framework.permissions import BasePermission
 
-from runs.roles import is_operator, is_viewer
+from runs.domain.roles import is_operator, is_viewer
 
 
 class IsViewer(BasePermission):

@@ -1,22 +1,17 @@
-"""The JSON shapes of API.md: one representation of a run and of an event, used by the REST
-API, the websocket snapshot and the broadcast alike.
+"""The JSON shapes of API.md, declared for validation and the OpenAPI document.
 
-The serializers declare the shapes (validation and the OpenAPI document come from them);
-``run_data`` and ``event_data`` write them. DRF would rebuild every declared field for each
-object it represents, which cost more than the database work on the hot paths, so the
-serializers' ``to_representation`` calls these plain functions instead. A test holds the
-two to the same output.
+Runs and events are written by ``runs.domain.representation`` (the one representation, also
+pushed on the sockets); the serializers here declare the same shapes and hand their
+``to_representation`` to it. A test holds the two to the same output.
 """
 
-import json
-
-from django.utils import timezone
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
-from runs import agents
-from runs.models import EndCause, Event, Run, RunState
-from runs.services.runs import BUDGET_LIMITS, MAX_BATCH
+from runs.domain import catalogue
+from runs.domain.representation import event_data, run_data
+from runs.domain.runs import BUDGET_LIMITS, LIVE_COMMANDS, MAX_BATCH
+from runs.models import Action, EndCause, Event, Run, RunState
 
 
 class TicketSerializer(serializers.Serializer):
@@ -52,57 +47,6 @@ class UsageSerializer(serializers.Serializer):
     seconds = serializers.FloatField(source="seconds_used")
 
 
-def _when(value) -> str | None:
-    """A datetime as DRF's ISO 8601 output writes it (current time zone, UTC as ``Z``)."""
-    if value is None:
-        return None
-    text = timezone.localtime(value).isoformat()
-    return text[:-6] + "Z" if text.endswith("+00:00") else text
-
-
-def _ticket_data(ticket) -> dict | None:
-    if ticket is None:
-        return None
-    return {"id": str(ticket.id), "reason": ticket.reason, "prompt": ticket.prompt,
-            "created_at": _when(ticket.created_at)}
-
-
-def _control_data(intent) -> dict | None:
-    if intent is None:
-        return None
-    return {"action": intent.action, "reason": intent.reason, "stop_code": intent.stop_code,
-            "requested_by": intent.requested_by, "source": intent.source,
-            "requested_at": _when(intent.requested_at),
-            "delivered_at": _when(intent.delivered_at), "applied_at": _when(intent.applied_at)}
-
-
-def run_data(run: Run) -> dict:
-    """The API representation of ``run`` (``RunSerializer``'s shape)."""
-    return {
-        "id": str(run.id), "agent": run.agent, "input": run.input, "thread_id": run.thread_id,
-        "parent_id": None if run.parent_id is None else str(run.parent_id),
-        "state": run.state, "end_cause": run.end_cause, "stop_code": run.stop_code,
-        "stop_reason": run.stop_reason, "error": run.error, "output": run.output,
-        "generation": run.generation, "owner": run.owner,
-        "ticket": _ticket_data(run.ticket if run.ticket_id is not None else None),
-        "control": _control_data(run.control if run.control_id is not None else None),
-        "budget": {"max_steps": run.max_steps, "max_seconds": run.max_seconds,
-                   "max_tokens": run.max_tokens},
-        "usage": {"steps": run.steps, "tokens": run.tokens, "seconds": run.seconds_used},
-        "version": run.version, "start_after": _when(run.start_after),
-        "created_at": _when(run.created_at), "started_at": _when(run.started_at),
-        "ended_at": _when(run.ended_at), "updated_at": _when(run.updated_at),
-    }
-
-
-def event_data(event: Event) -> dict:
-    """The API representation of ``event`` (``EventSerializer``'s shape)."""
-    return {"seq": event.seq, "run_id": str(event.run_id), "version": event.version,
-            "kind": event.kind, "state": event.state, "end_cause": event.end_cause,
-            "generation": event.generation, "actor": event.actor, "source": event.source,
-            "data": event.data, "at": _when(event.at)}
-
-
 class RunSerializer(serializers.ModelSerializer):
     parent_id = serializers.UUIDField(allow_null=True)
     ticket = TicketSerializer(allow_null=True)
@@ -111,15 +55,18 @@ class RunSerializer(serializers.ModelSerializer):
     usage = UsageSerializer(source="*")
     output = serializers.JSONField(allow_null=True)
     input = serializers.JSONField()
+    actions = serializers.ListField(
+        source="allowed_actions",
+        child=serializers.ChoiceField(choices=Action.values),
+        help_text="What the run's state allows an operator to ask of it now.")
 
     class Meta:
         model = Run
         fields = [
             "id", "agent", "input", "thread_id", "parent_id", "state", "end_cause",
             "stop_code", "stop_reason", "error", "output", "generation", "owner", "ticket",
-            "control",
-            "budget", "usage", "version", "start_after", "created_at", "started_at",
-            "ended_at", "updated_at",
+            "control", "actions", "budget", "usage", "version", "start_after", "created_at",
+            "started_at", "ended_at", "updated_at",
         ]
         read_only_fields = fields
 
@@ -140,22 +87,20 @@ class EventSerializer(serializers.ModelSerializer):
         return event_data(instance)
 
 
-def change_text(*, run: Run, event: Event) -> str:
-    """The ``run.changed`` socket message for one committed event, encoded once."""
-    return json.dumps({"type": "run.changed", "seq": event.seq, "event": event_data(event),
-                       "run": run_data(run)})
-
-
 # --- Requests -------------------------------------------------------------------------
 
 
 class RunCreateSerializer(serializers.Serializer):
-    agent = serializers.ChoiceField(choices=sorted(agents.CATALOGUE))
+    agent = serializers.ChoiceField(choices=[])  # the catalogue's names, when instantiated
     input = serializers.DictField(required=False, default=dict)
     thread_id = serializers.CharField(required=False, max_length=200, allow_blank=False)
     parent_id = serializers.UUIDField(required=False, allow_null=True)
     budget = BudgetSerializer(required=False)
     start_after = serializers.DateTimeField(required=False, allow_null=True)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["agent"].choices = catalogue.names()
 
     def validate_start_after(self, value):
         if value is not None and value.tzinfo is None:
@@ -191,7 +136,7 @@ class ResumeSerializer(serializers.Serializer):
 
 
 class DeliverSerializer(serializers.Serializer):
-    command = serializers.ChoiceField(choices=["cancel", "pause", "wake"])
+    command = serializers.ChoiceField(choices=LIVE_COMMANDS)
 
 
 class DeliveredSerializer(serializers.Serializer):

@@ -6,12 +6,14 @@ from rest_framework.authentication import SessionAuthentication
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from runs import live, selectors, services
+from runs import domain
 from runs.api import serializers as s
 from runs.api import waiting
 from runs.api.permissions import IsOperator, IsViewer
+from runs.domain import selectors
+from runs.domain.errors import InvalidRequest
+from runs.domain.representation import event_data, run_data
 from runs.models import RunState
-from runs.services.errors import InvalidRequest
 
 ERRORS = {code: s.ErrorSerializer for code in (400, 401, 403, 404, 409)}
 
@@ -60,7 +62,7 @@ class RunListView(OperatorPostMixin, APIView):
             params = request.query_params.copy()
             params["cursor"] = next_cursor
             next_url = request.build_absolute_uri(f"{request.path}?{params.urlencode()}")
-        return Response({"results": s.RunSerializer(page, many=True).data, "next": next_url})
+        return Response({"results": [run_data(run) for run in page], "next": next_url})
 
     @extend_schema(
         request=s.RunCreateSerializer,
@@ -73,7 +75,7 @@ class RunListView(OperatorPostMixin, APIView):
         key = request.headers.get("Idempotency-Key") or None
         if key is not None and len(key) > 200:
             raise InvalidRequest("Idempotency-Key is longer than 200 characters.")
-        run, created = services.run_create(
+        run, created = domain.run_create(
             agent=data["agent"], input=data.get("input"), thread_id=data.get("thread_id"),
             parent_id=data.get("parent_id"), budget=data.get("budget"),
             start_after=data.get("start_after"), created_by=request.user,
@@ -81,7 +83,7 @@ class RunListView(OperatorPostMixin, APIView):
         )
         if not created:  # a replayed key: answer with the run as it is now
             run = selectors.run_get(run.id)
-        return Response(s.RunSerializer(run).data,
+        return Response(run_data(run),
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
@@ -96,9 +98,9 @@ class RunBatchView(APIView):
             raise InvalidRequest("Idempotency-Key is not supported on a batch; retry a "
                                  "failed batch only after checking which runs exist.")
         data = validated(s.RunBatchCreateSerializer, request)
-        runs = services.runs_create(runs=[dict(item) for item in data["runs"]],
+        runs = domain.runs_create(runs=[dict(item) for item in data["runs"]],
                                     created_by=request.user, source=source(request))
-        return Response({"results": s.RunSerializer(runs, many=True).data},
+        return Response({"results": [run_data(run) for run in runs]},
                         status=status.HTTP_201_CREATED)
 
 
@@ -110,7 +112,7 @@ def source(request) -> str:
 class RunDetailView(APIView):
     @extend_schema(operation_id="runs_retrieve", responses={200: s.RunSerializer, **ERRORS})
     def get(self, request, run_id):
-        return Response(s.RunSerializer(selectors.run_get(run_id)).data)
+        return Response(run_data(selectors.run_get(run_id)))
 
 
 class RunEventsView(APIView):
@@ -119,7 +121,7 @@ class RunEventsView(APIView):
     def get(self, request, run_id):
         run = selectors.run_get(run_id)
         events = selectors.run_events(run=run, **query(s.EventsQuery, request))
-        return Response({"results": s.EventSerializer(events, many=True).data})
+        return Response({"results": [event_data(event) for event in events]})
 
 
 class EventListView(APIView):
@@ -128,7 +130,7 @@ class EventListView(APIView):
     def get(self, request):
         """Committed events of all runs in seq order; page on with after = the last seq."""
         events = selectors.events_after(**query(s.EventFeedQuery, request))
-        return Response({"results": s.EventSerializer(events, many=True).data})
+        return Response({"results": [event_data(event) for event in events]})
 
 
 class ControlView(APIView):
@@ -161,7 +163,7 @@ class RunCancelView(EndRequestView):
         return super().post(request, run_id)
 
     def request_end(self, run_id, data, **who):
-        return services.run_cancel(run_id=run_id, reason=data.get("reason"), **who)
+        return domain.run_cancel(run_id=run_id, reason=data.get("reason"), **who)
 
 
 class RunStopView(EndRequestView):
@@ -174,7 +176,7 @@ class RunStopView(EndRequestView):
         return super().post(request, run_id)
 
     def request_end(self, run_id, data, **who):
-        return services.run_stop(run_id=run_id, reason=data["reason"], **who)
+        return domain.run_stop(run_id=run_id, reason=data["reason"], **who)
 
 
 class RunResumeView(ControlView):
@@ -183,10 +185,9 @@ class RunResumeView(ControlView):
         """Wake an awaiting run with its open ticket."""
         run_id = selectors.parse_run_id(run_id)
         data = validated(s.ResumeSerializer, request)
-        services.run_resume(run_id=run_id, ticket_id=data["ticket"], input=data.get("input"),
+        domain.run_resume(run_id=run_id, ticket_id=data["ticket"], input=data.get("input"),
                             actor=actor(request), source=source(request))
-        return Response(s.RunSerializer(selectors.run_get(run_id)).data)
-
+        return Response(run_data(selectors.run_get(run_id)))
 
 
 class RunPauseView(ControlView):
@@ -194,10 +195,8 @@ class RunPauseView(ControlView):
                    responses={200: s.RunSerializer, 202: s.RunSerializer, **ERRORS})
     def post(self, request, run_id):
         """Pause a running run at its next step boundary: 200 once awaiting with a ticket."""
-        run = selectors.run_get(run_id)
         wait = query(s.WaitQuery, request)["wait"]
-        live.deliver(run_id=run.id, generation=run.generation, owner=run.owner,
-                     command="pause", actor=actor(request), source=source(request))
+        run = domain.run_pause(run_id=run_id, actor=actor(request), source=source(request))
         run = waiting.wait_until_not_running(run.id, wait)
         code = status.HTTP_202_ACCEPTED if run["state"] == RunState.RUNNING else status.HTTP_200_OK
         return Response(run, status=code)
@@ -207,9 +206,8 @@ class RunDeliverView(ControlView):
     @extend_schema(request=s.DeliverSerializer, responses={200: s.DeliveredSerializer, **ERRORS})
     def post(self, request, run_id):
         """Live only: no intent is written and nothing durable happens if it is NotActive."""
-        run = selectors.run_get(run_id)
+        selectors.run_get(run_id)  # 404 before 400
         data = validated(s.DeliverSerializer, request)
-        generation = live.deliver(run_id=run.id, generation=run.generation, owner=run.owner,
-                                  command=data["command"], actor=actor(request),
-                                  source=source(request))
-        return Response({"delivered": True, "generation": generation})
+        run = domain.run_deliver(run_id=run_id, command=data["command"], actor=actor(request),
+                                 source=source(request))
+        return Response({"delivered": True, "generation": run.generation})

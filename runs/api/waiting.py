@@ -1,14 +1,14 @@
 """Answer a control request with committed state, waiting up to ``wait`` seconds for it.
 
-The wait is woken by the broadcast of the run's next committed change, never by polling;
-the broadcast carries the committed run, so waking costs no query.
+The wait is woken by the change stream's push of the run's next committed change, never by
+polling; the push carries the committed run, so waking costs no query.
 """
 
 import time
 
-from runs import selectors
-from runs.api.serializers import RunSerializer
-from runs.broadcast import watchers
+from runs.changes import stream
+from runs.domain import selectors
+from runs.domain.representation import run_data
 from runs.models import RunState
 
 
@@ -26,7 +26,7 @@ def wait_until(run_id, wait: float, done) -> dict:
     if wait <= 0 or done(run):
         return run
     deadline = time.monotonic() + wait
-    with watchers.watch(run_id) as watch:
+    with stream.watch(run_id) as watch:
         run = committed(run_id)  # read again once subscribed: nothing slips in between
         while watch.live and not done(run):
             left = deadline - time.monotonic()
@@ -39,4 +39,4 @@ def wait_until(run_id, wait: float, done) -> dict:
 
 
 def committed(run_id) -> dict:
-    return RunSerializer(selectors.run_get(run_id)).data
+    return run_data(selectors.run_get(run_id))

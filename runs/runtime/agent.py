@@ -13,7 +13,10 @@ from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from runs.domain.catalogue import register
 from runs.runtime.token import CancellationToken, Why
+
+__all__ = ["Agent", "BudgetExceeded", "Context", "Interrupted", "Paused", "register"]
 
 
 class Interrupted(Exception):
@@ -36,7 +39,8 @@ class BudgetExceeded(Exception):
 
 
 class Agent:
-    """Subclass, give it a ``name`` and an async ``run(ctx)``; register with ``@register``."""
+    """Subclass, give it a ``name`` and an async ``run(ctx)``; register with ``@register``
+    (``runs.domain.catalogue.register``, re-exported here for agent authors)."""
 
     name: str = ""
 
@@ -135,12 +139,3 @@ class Context:
         if self.token.cancelled:
             raise Interrupted(self.token.why)
 
-
-CATALOGUE: dict[str, type[Agent]] = {}
-
-
-def register(cls: type[Agent]) -> type[Agent]:
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} needs a name")
-    CATALOGUE[cls.name] = cls
-    return cls

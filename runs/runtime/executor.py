@@ -10,6 +10,7 @@ and picks up pending cancel or stop requests.
 import asyncio
 import logging
 import os
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -18,12 +19,14 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
-from runs import selectors, services
-from runs.agents import CATALOGUE
+from runs import domain
+from runs.domain import selectors
+from runs.domain.catalogue import CATALOGUE
+from runs.domain.core import Ending
+from runs.domain.errors import Fenced
 from runs.runtime.agent import BudgetExceeded, Context, Interrupted, Paused
 from runs.runtime.registry import Entry, Registry
 from runs.runtime.token import CancellationToken, Why
-from runs.services import Ending, Fenced
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +43,6 @@ class Executor:
         self.capacity = capacity or settings.AWAKEN_WORKER_CAPACITY
         self.registry = Registry()
         self.children: dict[tuple[str, int], list[asyncio.Task]] = {}
-        self.stats = {"started": 0, "tools_abandoned": 0}
         self._db = ThreadPoolExecutor(db_threads or settings.AWAKEN_DB_THREADS,
                                       thread_name_prefix="awaken-db")
         self._tool_slots_size = tool_threads or TOOL_THREADS
@@ -64,10 +66,9 @@ class Executor:
     def start(self, run_ids) -> int:
         """Claim the runs of ``run_ids`` (one transaction) and run their attempts on the
         loop. Returns how many were claimed."""
-        attempts = services.attempts_start(run_ids=run_ids, owner=self.owner,
+        attempts = domain.attempts_start(run_ids=run_ids, owner=self.owner,
                                            lease_seconds=self.lease_seconds)
         for attempt in attempts:
-            self.stats["started"] += 1
             view = selectors.attempt_view(run=attempt.run, generation=attempt.generation)
             asyncio.run_coroutine_threadsafe(
                 self._attempt(str(attempt.run_id), attempt.generation, CancellationToken(),
@@ -80,7 +81,7 @@ class Executor:
         return await self.loop.run_in_executor(self._db, partial(_call_db, fn, kwargs))
 
     async def _attempt(self, run_id: str, generation: int, token: CancellationToken, view):
-        entry = Entry(run_id, generation, token, self.loop, nudge=asyncio.Event())
+        entry = Entry(run_id, generation, token)
         self.registry.register(entry)
         timer = None
         try:
@@ -96,12 +97,12 @@ class Executor:
             ctx._check()  # a cancel that arrived before any work started
             output = await CATALOGUE[view.agent]().run(ctx)
             ctx._check()  # a cancel delivered while the agent returned wins over its result
-            await self.db(services.attempt_finish, run_id=run_id, generation=generation,
+            await self.db(domain.attempt_finish, run_id=run_id, generation=generation,
                           ending=Ending.completed(output))
         except Interrupted as stop:
             await self._interrupted(run_id, generation, stop.why)
         except BudgetExceeded as budget:
-            await self.db(services.attempt_stop_by_policy, run_id=run_id, generation=generation,
+            await self.db(domain.attempt_stop_by_policy, run_id=run_id, generation=generation,
                           code=budget.code, reason=budget.reason)
         except (Paused, Fenced):
             pass
@@ -118,15 +119,15 @@ class Executor:
         if why is None or why.kind == "fenced":
             return  # a fenced attempt commits nothing
         if why.kind == "budget":
-            await self.db(services.attempt_stop_by_policy, run_id=run_id, generation=generation,
+            await self.db(domain.attempt_stop_by_policy, run_id=run_id, generation=generation,
                           code=why.code, reason=why.detail)
         else:
-            await self.db(services.attempt_interrupted, run_id=run_id, generation=generation,
+            await self.db(domain.attempt_interrupted, run_id=run_id, generation=generation,
                           actor=why.actor, source=why.source, accepted_at=why.at)
 
     async def _fail(self, run_id, generation, error: str):
         try:
-            await self.db(services.attempt_finish, run_id=run_id, generation=generation,
+            await self.db(domain.attempt_finish, run_id=run_id, generation=generation,
                           ending=Ending.failed(error[:2000]))
         except Exception:
             log.exception("run %s: could not record its failure", run_id)
@@ -146,7 +147,7 @@ class Executor:
 
     async def commit_step(self, ctx: Context, *, tokens: int) -> None:
         try:
-            run = await self.db(services.attempt_step, run_id=ctx.run_id,
+            run = await self.db(domain.attempt_step, run_id=ctx.run_id,
                                 generation=ctx.generation, tokens=tokens, agent_state=ctx.state)
         except Fenced:
             ctx.token.cancel(Why("fenced"))
@@ -154,7 +155,7 @@ class Executor:
         ctx.usage = {"steps": run.steps, "tokens": run.tokens}
 
     async def pause(self, ctx: Context, *, reason: str, prompt) -> None:
-        await self.db(services.attempt_pause, run_id=ctx.run_id, generation=ctx.generation,
+        await self.db(domain.attempt_pause, run_id=ctx.run_id, generation=ctx.generation,
                       reason=reason, prompt=prompt, agent_state=ctx.state,
                       actor=ctx.entry.pause_actor)
 
@@ -162,8 +163,8 @@ class Executor:
         """Run a blocking tool in a daemon thread, at most ``TOOL_THREADS`` at once.
 
         A thread cannot be killed: when the attempt stops waiting, the thread is abandoned
-        (counted, and still holding its slot until it returns); being a daemon, it never
-        holds up the worker's shutdown.
+        (still holding its slot until it returns); being a daemon, it never holds up the
+        worker's shutdown.
         """
         await self._tool_slots.acquire()
         future = self.loop.create_future()
@@ -178,16 +179,12 @@ class Executor:
             self.loop.call_soon_threadsafe(self._tool_slots.release)
 
         threading.Thread(target=call, name="awaken-tool", daemon=True).start()
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            self.stats["tools_abandoned"] += 1
-            raise
+        return await asyncio.shield(future)
 
     async def spawn(self, ctx: Context, agent: str, input: dict):
-        child, _ = await self.db(services.run_create, agent=agent, input=input,
+        child, _ = await self.db(domain.run_create, agent=agent, input=input,
                                  parent_id=ctx.run_id, source="worker", dispatch=False)
-        attempt = await self.db(services.attempt_start, run_id=child.id, owner=self.owner,
+        attempt = await self.db(domain.attempt_start, run_id=child.id, owner=self.owner,
                                 lease_seconds=self.lease_seconds)
         if attempt is not None:
             view = await self.db(selectors.attempt_view, run=attempt.run,
@@ -225,7 +222,7 @@ class Executor:
         entries = self.registry.snapshot()
         if not entries:
             return
-        renewal = await self.db(services.attempt_renew, owner=self.owner,
+        renewal = await self.db(domain.attempt_renew, owner=self.owner,
                                 attempts=[(e.run_id, e.generation) for e in entries],
                                 lease_seconds=self.lease_seconds)
         for entry in entries:
@@ -267,8 +264,6 @@ def get_executor(node: str | None = None) -> Executor:
     global _executor
     with _executor_lock:
         if _executor is None:
-            import socket
-
             _executor = Executor(node=node or f"awaken@{socket.gethostname()}")
         return _executor
 

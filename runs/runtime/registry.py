@@ -5,9 +5,7 @@ their generation: a command for another generation is NotActive, and a stale att
 cleanup can never remove its replacement.
 """
 
-import asyncio
 import threading
-from collections import deque
 from dataclasses import dataclass, field
 
 from django.utils import timezone
@@ -20,18 +18,8 @@ class Entry:
     run_id: str
     generation: int
     token: CancellationToken
-    loop: asyncio.AbstractEventLoop
     pause_requested: threading.Event = field(default_factory=threading.Event)
     pause_actor: str | None = None
-    inbox: deque = field(default_factory=deque)
-    nudge: asyncio.Event | None = None  # set on the loop by wake and by new inbox items
-
-    def wake(self) -> None:
-        if self.nudge is not None and not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.nudge.set)
-
-
-COMMANDS = ("cancel", "pause", "wake")
 
 
 class Registry:
@@ -73,9 +61,8 @@ class Registry:
         elif command == "pause":
             entry.pause_actor = actor
             entry.pause_requested.set()
-            entry.wake()
         elif command == "wake":
-            entry.wake()
+            pass  # a live attempt takes it; the inbox it would wake is not built yet
         else:
             raise ValueError(f"unknown command {command!r}")
         return entry

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from rest_framework.authtoken.models import Token
 
-from runs.roles import ROLES
+from runs.domain.roles import ROLES
 
 
 class Command(BaseCommand):

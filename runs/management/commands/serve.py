@@ -9,10 +9,17 @@ import secrets
 import socket
 import threading
 
+from celery import current_app as app
+from celery.worker import WorkController
+from channels.routing import get_default_application
+from daphne.endpoints import build_endpoint_description_strings
+from daphne.server import Server
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
+
+from runs import domain
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +35,6 @@ class Command(BaseCommand):
 
     def handle(self, host, port, concurrency, **options):
         self.ensure_admin()
-        from channels.routing import get_default_application
-        from daphne.endpoints import build_endpoint_description_strings
-        from daphne.server import Server
-
         application = get_default_application()
         start_worker(concurrency)
         start_sweeper()
@@ -54,10 +57,6 @@ class Command(BaseCommand):
 
 def start_worker(concurrency: int) -> threading.Thread:
     """A Celery worker in a thread of this process (no signal handlers of its own)."""
-    from celery.worker import WorkController
-
-    from awaken_site.celery import app
-
     worker = WorkController(
         app=app, hostname=f"embedded@{socket.gethostname()}", pool_cls="threads",
         concurrency=concurrency, queues=[settings.CELERY_TASK_DEFAULT_QUEUE],
@@ -69,7 +68,6 @@ def start_worker(concurrency: int) -> threading.Thread:
 
 
 def start_sweeper() -> threading.Thread:
-    from runs import sweeper
 
     interval = max(1.0, settings.AWAKEN_LEASE_SECONDS / 3)
     stop = threading.Event()
@@ -77,7 +75,7 @@ def start_sweeper() -> threading.Thread:
     def loop():
         while not stop.wait(interval):
             try:
-                sweeper.sweep()
+                domain.sweep()
             except Exception:
                 log.warning("sweep failed", exc_info=True)
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from runs.consumers import RunsConsumer
+from runs.sockets.consumers import RunsConsumer
 
 websocket_urlpatterns = [
     path("ws/runs/", RunsConsumer.as_asgi()),

@@ -1,4 +1,5 @@
-"""A plain Celery task for the cancel benchmark's baseline (loaded only by its worker)."""
+"""A plain Celery task for the cancel benchmark's baseline (loaded only by its worker, with
+``-I harness.baseline``)."""
 
 import time
 
@@ -8,7 +9,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
 
-@shared_task(name="runs.bench_hang", ignore_result=True)
+@shared_task(name="harness.bench_hang", ignore_result=True)
 def bench_hang(key: str) -> None:
     """Hang until revoked with terminate=True (SIGUSR1), then record when that was seen."""
     client = redis.Redis.from_url(settings.REDIS_URL)

@@ -189,18 +189,18 @@ class Command(BaseCommand):
     def cleanup(self):
         """End whatever the benchmark left live, so no run of it stays running (called
         while its workers still run, so they take the stops and commit them)."""
-        from runs import services, sweeper
+        from runs import domain
 
         left = list(Run.objects.filter(created_by__username="bench").exclude(
             state=RunState.ENDED).values_list("id", flat=True))
         for run_id in left:
-            services.run_stop(run_id=run_id, actor="bench", source="cli",
+            domain.run_stop(run_id=run_id, actor="bench", source="cli",
                               reason="benchmark finished")
         deadline = time.monotonic() + 4 * settings.AWAKEN_LEASE_SECONDS
         while Run.objects.filter(pk__in=left).exclude(state=RunState.ENDED).exists():
             if time.monotonic() > deadline:
                 raise CommandError("runs of the benchmark did not end")
-            sweeper.sweep()  # a run whose worker is gone (an earlier, killed benchmark)
+            domain.sweep()  # a run whose worker is gone (an earlier, killed benchmark)
             time.sleep(0.5)
 
     # --- measurements ---------------------------------------------------------------------
@@ -242,12 +242,12 @@ class Command(BaseCommand):
         import redis
 
         from awaken_site.celery import app
-        from runs.bench_tasks import bench_hang
+        from harness.baseline import bench_hang
 
         node = f"bench-prefork-{queue}@{socket.gethostname()}"
         processes.start("prefork", sys.executable, "-m", "celery", "-A", "awaken_site",
                         "worker", "--pool", "prefork", "--concurrency", "2", "-n", node, "-Q",
-                        f"{queue}-prefork", "-I", "runs.bench_tasks", "--without-mingle",
+                        f"{queue}-prefork", "-I", "harness.baseline", "--without-mingle",
                         "--without-gossip", "--loglevel", "WARNING")
         wait_until(lambda: bool(app.control.ping(destination=[node], timeout=0.5)), 60,
                    "the prefork worker")
@@ -294,7 +294,7 @@ class Command(BaseCommand):
         parsing is part of the figure, as a browser's would be); the commits are made by this
         process too, through the services, so commit -> push -> receipt is measured end to end.
         """
-        from runs import services
+        from runs import domain
 
         rows = []
         with self.system(workers=0) as (port, _, _):
@@ -305,7 +305,7 @@ class Command(BaseCommand):
                     for _ in range(commits):
                         swarm.arm()
                         committed = time.monotonic()
-                        services.run_create(agent="demo.steps", dispatch=False, source="cli")
+                        domain.run_create(agent="demo.steps", dispatch=False, source="cli")
                         arrivals = swarm.collect(timeout=10)
                         first.append((min(arrivals) - committed) * 1000)
                         last.append((max(arrivals) - committed) * 1000)
@@ -364,12 +364,13 @@ class Command(BaseCommand):
     def list_latency(self, target: int, requests: int = 300) -> list:
         """GET /api/runs/ with ``target`` runs in the database: the newest page, a filtered
         page and a page half-way down the list (keyset cursor)."""
-        from runs import selectors, services
+        from runs import domain
+        from runs.domain import selectors
 
         missing = target - Run.objects.count()
         if missing > 0:
             self.stdout.write(f"importing {missing} runs for the list benchmark...")
-            services.runs_import(agent="demo.steps", count=missing)
+            domain.runs_import(agent="demo.steps", count=missing)
         middle = Run.objects.order_by("-created_at", "-id")[Run.objects.count() // 2]
         paths = {"newest page": "/api/runs/?limit=50",
                  "state=ended page": "/api/runs/?state=ended&limit=50",

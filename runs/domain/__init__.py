@@ -1,6 +1,12 @@
-"""Every write to run state goes through these functions, and nothing else writes it."""
+"""The domain core: the transitions of a run, the finish boundary, and the reads.
 
-from runs.services.attempts import (
+Every write to run state goes through the functions exported here, and nothing else writes
+it. Views, sockets, the admin, commands, tasks and the worker runtime call them; this
+package imports none of those, nor Celery, Channels or the REST framework (what it needs
+from them goes through ``runs.domain.ports``).
+"""
+
+from runs.domain.attempts import (
     Renewal,
     attempt_expire,
     attempt_finish,
@@ -12,9 +18,10 @@ from runs.services.attempts import (
     attempt_stop_by_policy,
     attempts_start,
     runs_redispatch,
+    sweep,
 )
-from runs.services.core import Ending, finish, locked_run
-from runs.services.errors import (
+from runs.domain.core import Ending, finish, locked_run
+from runs.domain.errors import (
     Fenced,
     IdempotencyConflict,
     InvalidRequest,
@@ -24,14 +31,17 @@ from runs.services.errors import (
     ServiceError,
     TicketMismatch,
 )
-from runs.services.runs import (
+from runs.domain.runs import (
     ControlResult,
     run_cancel,
     run_create,
+    run_deliver,
+    run_pause,
     run_resume,
     run_stop,
     runs_create,
     runs_import,
+    ticket_revoke,
 )
 
 __all__ = [
@@ -56,12 +66,16 @@ __all__ = [
     "attempt_step",
     "attempt_stop_by_policy",
     "runs_redispatch",
+    "sweep",
     "finish",
     "locked_run",
     "run_cancel",
     "run_create",
+    "run_deliver",
+    "run_pause",
     "run_resume",
     "run_stop",
     "runs_create",
     "runs_import",
+    "ticket_revoke",
 ]

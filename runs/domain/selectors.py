@@ -1,27 +1,34 @@
 """Reads: the run list, one run, and the event log."""
 
 import base64
-import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db.models import Q
-from rest_framework.utils.encoders import JSONEncoder
 
+from runs.domain.errors import InvalidRequest, RunNotFound
+from runs.domain.representation import change_text, snapshot_text
 from runs.models import Event, ResumeTicket, Run, TicketState
-from runs.services.errors import InvalidRequest, RunNotFound
 
 
 def runs():
     return Run.objects.select_related("ticket", "control")
 
 
-def parse_run_id(value) -> uuid.UUID:
+def parse_uuid(value, what: str = "run") -> uuid.UUID:
+    """``value`` as a UUID; an id that is not one names nothing (``RunNotFound`` for a run,
+    ``InvalidRequest`` for anything else)."""
     try:
         return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
     except ValueError:
-        raise RunNotFound(f"No run with id {value}.") from None
+        if what == "run":
+            raise RunNotFound(f"No run with id {value}.") from None
+        raise InvalidRequest(f"No {what} with id {value}.", field=what) from None
+
+
+def parse_run_id(value) -> uuid.UUID:
+    return parse_uuid(value, "run")
 
 
 def run_get(run_id) -> Run:
@@ -29,6 +36,13 @@ def run_get(run_id) -> Run:
     if run is None:
         raise RunNotFound(f"No run with id {run_id}.")
     return run
+
+
+def ticket_get(ticket_id) -> ResumeTicket:
+    ticket = ResumeTicket.objects.filter(pk=parse_uuid(ticket_id, "ticket")).first()
+    if ticket is None:
+        raise InvalidRequest(f"No ticket with id {ticket_id}.", field="ticket")
+    return ticket
 
 
 def run_list(*, filters: dict, search: str = "", cursor: str | None = None, limit: int = 50):
@@ -125,23 +139,20 @@ REPLAY_LIMIT = 1000
 REPLAY_OVERLAP = timedelta(seconds=2)
 
 
-def socket_snapshot(*, run_id=None) -> dict:
-    """What a socket sends first: the newest seq, then the runs (the list's first page)."""
-    from runs.api.serializers import RunSerializer
-
+def socket_snapshot(*, run_id=None) -> str:
+    """What a socket sends first, encoded: the newest seq, then the runs (the list's first
+    page, or the one run)."""
     seq = Event.objects.order_by("-seq").values_list("seq", flat=True).first() or 0
     if run_id is not None:
         page = [run_get(run_id)]
     else:
         page, _ = run_list(filters={}, limit=SNAPSHOT_SIZE)
-    return {"seq": seq, "runs": RunSerializer(page, many=True).data}
+    return snapshot_text(seq=seq, runs=page)
 
 
 def replay(*, after: int, run_id=None) -> list[str]:
     """Encoded ``run.changed`` messages for the committed events after ``after``, in seq
     order, each with its run as committed now; a snapshot instead if there are too many."""
-    from runs.api.serializers import change_text
-
     events = Event.objects.all()
     if run_id is not None:
         events = events.filter(run_id=run_id)
@@ -151,8 +162,7 @@ def replay(*, after: int, run_id=None) -> list[str]:
         window |= Q(seq__lte=after, at__gte=anchor - REPLAY_OVERLAP)
     page = list(events.filter(window).order_by("seq")[: REPLAY_LIMIT + 1])
     if len(page) > REPLAY_LIMIT:
-        return [json.dumps({"type": "snapshot", **socket_snapshot(run_id=run_id)},
-                           cls=JSONEncoder)]
+        return [socket_snapshot(run_id=run_id)]
     current = {run.id: run for run in runs().filter(pk__in={e.run_id for e in page})}
     return [change_text(run=current[e.run_id], event=e) for e in page]
 

@@ -2,21 +2,19 @@
 
 What the database knows (runs by state, pending intents, time to stop by path, lease
 expiries) is read at scrape time, so every web process reports the same, whole-system
-figures. What happens inside one process (NotActive answers) is counted by that process.
+figures. What happens inside one process (NotActive answers, ``runs.wire.web_side``) is
+counted by that process.
 """
 
 from datetime import timedelta
 
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
-from prometheus_client import REGISTRY, Counter
+from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from runs.models import AppliedVia, Attempt, CloseReason, ControlIntent, Run
 
 STOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-
-NOT_ACTIVE = Counter("awaken_not_active", "Live commands this process sent that were answered "
-                     "NotActive (no live attempt, or its owner did not take it).", ["command"])
 
 
 class DatabaseCollector:

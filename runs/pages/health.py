@@ -1,6 +1,6 @@
 """Broker reachability and worker count, for /healthz."""
 
-from awaken_site.celery import app
+from celery import current_app as app
 
 
 def broker_and_workers(timeout: float = 0.5) -> tuple[str, int]:

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -9,7 +10,27 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from runs import agents
+from runs.domain import ports
+from runs.domain.catalogue import CATALOGUE
+from runs.domain.core import (
+    Ending,
+    after_commit,
+    dispatch_after_commit,
+    finish,
+    locked_run,
+    pending_intent,
+    record,
+    record_created,
+    record_intent,
+)
+from runs.domain.errors import (
+    IdempotencyConflict,
+    InvalidRequest,
+    NotActive,
+    NotAwaiting,
+    TicketMismatch,
+)
+from runs.domain.selectors import run_get, ticket_get
 from runs.models import (
     AppliedVia,
     ControlAction,
@@ -22,23 +43,8 @@ from runs.models import (
     StopCode,
     TicketState,
 )
-from runs.services.core import (
-    Ending,
-    after_commit,
-    dispatch_after_commit,
-    finish,
-    locked_run,
-    pending_intent,
-    record,
-    record_created,
-    record_intent,
-)
-from runs.services.errors import (
-    IdempotencyConflict,
-    InvalidRequest,
-    NotAwaiting,
-    TicketMismatch,
-)
+
+log = logging.getLogger(__name__)
 
 BUDGET_KEYS = ("max_steps", "max_seconds", "max_tokens")
 # The largest budget each column holds (max_seconds: ten years).
@@ -136,7 +142,7 @@ def _new_run(*, agent: str, input: dict | None = None, thread_id: str | None = N
     """A checked, unsaved queued run; ``parents`` holds its parent, if it names one."""
     input = {} if input is None else input
     budget = _clean_budget(budget or {})
-    if agent not in agents.CATALOGUE:
+    if agent not in CATALOGUE:
         raise InvalidRequest(f"Unknown agent {agent!r}.", field="agent")
     if not isinstance(input, dict):
         raise InvalidRequest("input must be a JSON object.", field="input")
@@ -166,7 +172,7 @@ def runs_import(*, agent: str, count: int, ended: bool = True, source: str = "cl
     """Create ``count`` runs of ``agent`` in bulk, each with its ``created`` event (and, with
     ``ended``, already ended ``completed`` with its ``ended`` event): history brought in from
     elsewhere, or data for a benchmark. No worker is asked to take them. Returns how many."""
-    if agent not in agents.CATALOGUE:
+    if agent not in CATALOGUE:
         raise InvalidRequest(f"Unknown agent {agent!r}.", field="agent")
     made = 0
     while made < count:
@@ -299,14 +305,66 @@ def _request_end(*, run_id, action, reason, stop_code, actor, source) -> Control
         intent = record_intent(run, action=action, reason=reason, stop_code=stop_code,
                                actor=actor, source=source)
         if run.state == RunState.RUNNING:
-            from runs import dispatch
-
-            after_commit(dispatch.intent_recorded, run_id=run.id, generation=run.generation,
+            after_commit(_signal_end, run_id=run.id, generation=run.generation,
                          owner=run.owner, actor=intent.requested_by, source=intent.source)
             return ControlResult(run, "live", intent)
         finish(run, Ending.from_intent(intent), actor=actor, source=source,
                via=AppliedVia.DURABLE)
         return ControlResult(run, "durable", intent)
+
+
+def _signal_end(*, run_id, generation: int, owner: str, actor: str, source: str) -> None:
+    """After a cancel or stop of a running run commits, tell its attempt at once. The
+    signal only shortens the wait: if it is not taken, the attempt learns of the intent at
+    its next lease renewal, or the sweeper applies it when the lease expires (SPEC §5)."""
+    try:
+        ports.workers.deliver(run_id=run_id, generation=generation, owner=owner,
+                              command="cancel", actor=actor, source=source)
+    except NotActive:
+        log.info("run %s: cancel not taken live; it waits for renewal or lease expiry", run_id)
+
+
+LIVE_COMMANDS = ("cancel", "pause", "wake")
+
+
+def run_deliver(*, run_id, command: str, actor: str, source: str) -> Run:
+    """Send a live command to the run's live attempt, as committed now; nothing durable.
+
+    No intent is written and nothing happens later if it is not taken: NotActive when the
+    run has no live attempt or its owner does not take the command. Returns the run as read
+    (its ``generation`` is the attempt that took the command).
+    """
+    if command not in LIVE_COMMANDS:
+        raise InvalidRequest(f"Unknown live command {command!r}.", field="command")
+    run = run_get(run_id)  # the claim as committed: no owner unless it is running
+    ports.workers.deliver(run_id=run.id, generation=run.generation, owner=run.owner,
+                          command=command, actor=actor, source=source)
+    return run
+
+
+def run_pause(*, run_id, actor: str, source: str) -> Run:
+    """Ask a running run to pause at its next step boundary (a live signal; the run moves
+    to ``awaiting`` with a ticket when its attempt reaches the boundary). NotActive when it
+    is not running."""
+    return run_deliver(run_id=run_id, command="pause", actor=actor, source=source)
+
+
+def ticket_revoke(*, ticket_id, actor: str, source: str,
+                  reason: str | None = None) -> ControlResult:
+    """Withdraw an open resume ticket. The ticket is the only thing that can wake its run,
+    so its run ends: stopped (code ``operator``) with ``reason``, through the same request
+    and finish boundary as a stop, which revokes the ticket.
+
+    NotAwaiting when the ticket is no longer open (consumed, revoked, or its run ended).
+    """
+    ticket = ticket_get(ticket_id)
+    reason = _clean_reason(reason) or f"Resume ticket {str(ticket.pk)[:8]} revoked."
+    with transaction.atomic():
+        run = locked_run(ticket.run_id)
+        if run.state != RunState.AWAITING or str(run.ticket_id) != str(ticket.pk):
+            raise NotAwaiting(f"Ticket {ticket.pk} is not open.")
+        return _request_end(run_id=run.id, action=ControlAction.STOP, reason=reason,
+                            stop_code=StopCode.OPERATOR, actor=actor, source=source)
 
 
 def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run:

@@ -13,7 +13,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from runs import broadcast
+from runs.domain import ports, sql
+from runs.domain.errors import RunNotFound
 from runs.models import (
     AppliedVia,
     Attempt,
@@ -29,8 +30,6 @@ from runs.models import (
     StopCode,
     TicketState,
 )
-from runs.services import sql
-from runs.services.errors import RunNotFound
 
 
 def locked_run(run_id) -> Run:
@@ -106,7 +105,7 @@ def _write_events(runs: list[Run], kind: str, *, actor, source, data) -> list[Ev
                     end_cause=run.end_cause, generation=run.generation, actor=actor,
                     source=source, data=data(run)) for run in runs]
     sql.insert(*events)
-    after_commit(broadcast.runs_changed, changes=list(zip(runs, events, strict=True)))
+    after_commit(ports.changes.announce, changes=list(zip(runs, events, strict=True)))
     return events
 
 
@@ -127,9 +126,7 @@ def after_commit(fn, /, **kwargs) -> None:
 
 def dispatch_after_commit(*runs: Run) -> None:
     """Hand the queued ``runs`` to workers once the transaction commits."""
-    from runs import dispatch
-
-    after_commit(dispatch.runs_queued, runs=[(run.id, run.start_after) for run in runs])
+    after_commit(ports.workers.runs_queued, runs=[(run.id, run.start_after) for run in runs])
 
 
 def pending_intent(run: Run) -> ControlIntent | None:

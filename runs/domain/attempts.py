@@ -8,11 +8,25 @@ writes raise ``Fenced`` and the finish boundary answers False.
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from runs import dispatch
+from runs.domain import ports, sql
+from runs.domain.core import (
+    Ending,
+    dispatch_after_commit,
+    finish,
+    locked_run,
+    locked_runs,
+    pending_intent,
+    record,
+    record_each,
+    record_intent,
+    release_claim,
+)
+from runs.domain.errors import Fenced
 from runs.models import (
     AppliedVia,
     Attempt,
@@ -27,20 +41,6 @@ from runs.models import (
     Source,
     TicketReason,
 )
-from runs.services import sql
-from runs.services.core import (
-    Ending,
-    dispatch_after_commit,
-    finish,
-    locked_run,
-    locked_runs,
-    pending_intent,
-    record,
-    record_each,
-    record_intent,
-    release_claim,
-)
-from runs.services.errors import Fenced
 
 
 def attempt_start(*, run_id, owner: str, lease_seconds: float) -> Attempt | None:
@@ -245,5 +245,22 @@ def runs_redispatch(*, older_than: float, limit: int = 100) -> list:
                               ).update(dispatched_at=now):
             sent.append(run_id)
     if sent:
-        dispatch.runs_queued(runs=[(run_id, None) for run_id in sent])
+        ports.workers.runs_queued(runs=[(run_id, None) for run_id in sent])
     return sent
+
+
+def sweep(*, limit: int = 200) -> dict:
+    """One pass of the sweeper (SPEC §6): expired leases, then queued runs whose message
+    may be lost. Each row is its own compare-and-set transition, so sweeps may overlap."""
+    counts = {"applied": 0, "requeued": 0, "failed": 0, "redispatched": 0}
+    expired = (Attempt.objects.filter(state=AttemptState.LIVE,
+                                      lease_expires_at__lt=timezone.now())
+               .order_by("lease_expires_at").values_list("run_id", "generation")[:limit])
+    for run_id, generation in list(expired):
+        outcome = attempt_expire(run_id=run_id, generation=generation,
+                                 max_crash_retries=settings.AWAKEN_MAX_CRASH_RETRIES)
+        if outcome:
+            counts[outcome] += 1
+    counts["redispatched"] = len(runs_redispatch(older_than=settings.AWAKEN_LEASE_SECONDS,
+                                                 limit=limit))
+    return counts

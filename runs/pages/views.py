@@ -6,11 +6,14 @@ from django.db import connection
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from runs import agents, selectors
+from runs.domain import catalogue, selectors
+from runs.domain.errors import InvalidRequest, RunNotFound
+from runs.domain.roles import is_operator, is_viewer
 from runs.models import EndCause, RunState
-from runs.roles import is_operator, is_viewer
-from runs.services.errors import InvalidRequest, RunNotFound
+from runs.pages import health
+from runs.pages import metrics as stop_metrics
 
 
 def viewer_required(view):
@@ -33,7 +36,7 @@ def list_filters(request) -> dict:
         filters["state"] = status
     elif status in EndCause.values:
         filters["end_cause"] = status
-    if request.GET.get("by_agent") in agents.CATALOGUE:
+    if request.GET.get("by_agent") in catalogue.CATALOGUE:
         filters["agent"] = request.GET["by_agent"]
     return filters
 
@@ -47,7 +50,7 @@ def page_of_runs(request):
 
 
 def page_context(request, **extra) -> dict:
-    return {"can_control": is_operator(request.user), "agents": sorted(agents.CATALOGUE),
+    return {"can_control": is_operator(request.user), "agents": catalogue.names(),
             **extra}
 
 
@@ -93,11 +96,7 @@ def run_panel(run_id) -> dict:
 @require_GET
 def metrics(request):
     """Prometheus exposition, for scrapers (no user needed, like /healthz)."""
-    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-
-    from runs import metrics as awaken_metrics
-
-    awaken_metrics.register()
+    stop_metrics.register()
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
 
 
@@ -109,7 +108,5 @@ def healthz(request):
             cursor.execute("SELECT 1")
     except Exception:
         return JsonResponse({"db": "down", "broker": "unknown", "workers": 0}, status=503)
-    from runs import health
-
     broker, workers = health.broker_and_workers()
     return JsonResponse({"db": "ok", "broker": broker, "workers": workers})

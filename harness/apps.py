@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class HarnessConfig(AppConfig):
+    name = "harness"
+    verbose_name = "Development harness"

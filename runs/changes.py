@@ -1,0 +1,287 @@
+"""The change stream: committed changes out to the channel layer, and back in to whoever in
+this process follows them.
+
+Out: every committed transition is announced once, after commit (``announce``, the domain's
+``changes`` port), encoded once, to one group of the channel layer. Messages are sent in
+commit order from one long-lived event loop of the stream's own, in a thread; nothing else
+in the process touches the channel layer, so it never matters which loop a caller is on.
+
+In: each process holds at most one subscription to that group, whatever follows it there:
+
+* sockets (``join``): the ones that follow every run and the ones that follow one run. Each
+  has a bounded outbox written by a task of its own, so a slow socket holds up nobody;
+* waiting REST calls (``watch``): a thread that waits for a run's next committed change
+  registers before it reads the run, so no commit slips between its read and its wake-up.
+
+The subscription renews its group membership well before the channel layer would expire it
+(the in-memory layer drops a member after ``group_expiry``, one day by default), and is made
+again whenever the layer fails.
+"""
+
+import asyncio
+import json
+import logging
+import threading
+from collections import deque
+from contextlib import contextmanager
+
+from channels.layers import get_channel_layer
+
+from runs.domain.representation import change_text
+
+log = logging.getLogger(__name__)
+
+GROUP = "runs"
+EVERY_RUN = None  # what the sockets of the whole list follow
+
+
+def announce(*, changes) -> None:
+    """Announce committed ``(run, event)`` pairs, in the order given."""
+    # ``run_id`` routes a change to the sockets of its run and lets a process skip decoding
+    # a change nobody there waits for.
+    stream.publish([{"type": "run.changed", "run_id": str(run.id),
+                     "text": change_text(run=run, event=event)} for run, event in changes])
+
+
+class Watch:
+    """The newest committed snapshot of one run pushed since the watch began. ``live`` is
+    False while the stream has no subscription: no push will come."""
+
+    def __init__(self, live: bool):
+        self._changed = threading.Event()
+        self._lock = threading.Lock()
+        self.run: dict | None = None
+        self.live = live
+
+    def offer(self, run: dict) -> None:
+        with self._lock:
+            # Pushes can arrive out of order; never step back to an older version.
+            if self.run is None or run["version"] > self.run["version"]:
+                self.run = run
+        self._changed.set()
+
+    def next(self, timeout: float) -> dict | None:
+        """Wait up to ``timeout`` for a push; the newest snapshot, or None on time-out."""
+        if not self._changed.wait(timeout):
+            return None
+        self._changed.clear()
+        with self._lock:
+            return self.run
+
+
+class Outbox:
+    """What one socket has yet to be sent, and the task of its own that sends it.
+
+    ``put`` never waits. A socket more than ``limit`` messages behind is not worth keeping
+    up: ``overflow`` is called once (the socket closes itself, and its client resumes after
+    the last seq it saw when it reconnects).
+    """
+
+    def __init__(self, send, overflow, *, limit: int = 1000):
+        self._send, self._overflow, self._limit = send, overflow, limit
+        self._queue: deque[str] = deque()
+        self._ready = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._write())
+        self.loop = asyncio.get_running_loop()
+        self.closed = False
+
+    def put(self, text: str) -> None:  # on the socket's loop
+        if self.closed:
+            return
+        if len(self._queue) >= self._limit:
+            self.close()
+            self.loop.create_task(self._overflow())
+            return
+        self._queue.append(text)
+        self._ready.set()
+
+    async def _write(self) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            while self._queue:
+                try:
+                    await self._send(self._queue.popleft())
+                except Exception:
+                    log.info("a socket could not be written", exc_info=True)
+
+    def close(self) -> None:
+        self.closed = True
+        self._queue.clear()
+        self._task.cancel()
+
+
+class Stream:
+    """This process's side of the change stream: publishing and the one subscription."""
+
+    REFRESH_SECONDS = 3600.0  # group membership is renewed at least this often
+    RETRY_DELAYS = (0.1, 0.5, 1.0)  # a dropped connection is re-made on the next try
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: deque = deque()
+        self._drainer: asyncio.Task | None = None
+        self._sockets: dict[str | None, set[Outbox]] = {}
+        self._watches: dict[str, set[Watch]] = {}
+        self._listener: asyncio.Task | None = None
+        self._listening_on = None  # the channel layer the subscription was made on
+        self._subscribed = threading.Event()
+        self.renewals = 0  # group memberships made or renewed, for tests and metrics
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._loop.is_closed():
+                self._loop = asyncio.new_event_loop()
+                self._drainer = self._listener = None
+                threading.Thread(target=self._loop.run_forever, name="changes",
+                                 daemon=True).start()
+            return self._loop
+
+    # --- out --------------------------------------------------------------------------------
+
+    def publish(self, messages: list[dict]) -> None:
+        """Send ``messages`` to the group, in order, from any thread."""
+        if get_channel_layer() is None:
+            return
+        self.loop.call_soon_threadsafe(self._enqueue, messages)
+
+    def _enqueue(self, messages) -> None:  # on the loop
+        self._pending.extend(messages)
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while self._pending:
+            message = self._pending.popleft()
+            for delay in (*self.RETRY_DELAYS, None):
+                try:
+                    await get_channel_layer().group_send(GROUP, message)
+                    break
+                except Exception:
+                    if delay is None:  # still down: clients heal with "resume after seq"
+                        log.warning("announcing a change failed", exc_info=True)
+                    else:
+                        await asyncio.sleep(delay)
+
+    # --- in: followers ----------------------------------------------------------------------
+
+    async def join(self, outbox: Outbox, run_id: str | None = EVERY_RUN) -> None:
+        """Follow every change (or one run's) with a socket's outbox; subscribed on return.
+        Raises if the stream cannot subscribe (the channel layer is down)."""
+        with self._lock:
+            self._sockets.setdefault(run_id, set()).add(outbox)
+        ready = self._ensure_listening()
+        if not ready.is_set() and not await asyncio.get_running_loop().run_in_executor(
+                None, ready.wait, 5.0):
+            self.leave(outbox, run_id)
+            raise ConnectionError("the change stream has no subscription")
+
+    def leave(self, outbox: Outbox, run_id: str | None = EVERY_RUN) -> None:
+        with self._lock:
+            followers = self._sockets.get(run_id)
+            if followers is not None:
+                followers.discard(outbox)
+                if not followers:
+                    del self._sockets[run_id]
+
+    @contextmanager
+    def watch(self, run_id, *, timeout: float = 2.0):
+        """``with stream.watch(run_id) as watch:`` then ``watch.next(timeout)``, from a
+        thread. While the channel layer is unreachable the watch is not ``live`` and gets no
+        push: the caller answers with the state committed so far instead of waiting."""
+        key = str(run_id)
+        live = get_channel_layer() is not None and self._ensure_listening().wait(timeout)
+        watch = Watch(live)
+        with self._lock:
+            self._watches.setdefault(key, set()).add(watch)
+        try:
+            yield watch
+        finally:
+            with self._lock:
+                waiting = self._watches.get(key)
+                if waiting is not None:
+                    waiting.discard(watch)
+                    if not waiting:
+                        del self._watches[key]
+
+    # --- in: the subscription ---------------------------------------------------------------
+
+    def _ensure_listening(self) -> threading.Event:
+        """Start the subscription if it is not running (or was made on a channel layer that
+        has since been replaced); returns the event set while it is subscribed."""
+        loop = self.loop
+        layer = get_channel_layer()
+        with self._lock:
+            if self._listener is None or self._listening_on is not layer:
+                self._listening_on = layer
+                self._subscribed.clear()
+                old, self._listener = self._listener, True  # placeholder until it starts
+                loop.call_soon_threadsafe(self._start_listener, old, layer)
+        return self._subscribed
+
+    def _start_listener(self, old, layer) -> None:  # on the loop
+        if isinstance(old, asyncio.Task):
+            old.cancel()
+        self._listener = asyncio.get_running_loop().create_task(self._listen(layer))
+
+    def _refresh_interval(self, layer) -> float:
+        expiry = getattr(layer, "group_expiry", None)
+        return min(self.REFRESH_SECONDS, expiry / 4) if expiry else self.REFRESH_SECONDS
+
+    async def _listen(self, layer) -> None:
+        """Keep one subscription to the group, renewed before it expires and made again
+        whenever the layer fails."""
+        loop = asyncio.get_running_loop()
+        interval = self._refresh_interval(layer)
+        channel, renewed = None, None
+        while True:
+            try:
+                if channel is None:
+                    channel = await layer.new_channel()
+                if renewed is None or loop.time() - renewed >= interval:
+                    await layer.group_add(GROUP, channel)
+                    renewed = loop.time()
+                    self.renewals += 1
+                    self._subscribed.set()
+                left = interval - (loop.time() - renewed)
+                message = await asyncio.wait_for(layer.receive(channel), max(left, 0.01))
+            except TimeoutError:
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the layer is down: followers heal with a resume meanwhile
+                log.warning("the change stream subscription failed; retrying", exc_info=True)
+                self._subscribed.clear()
+                channel, renewed = None, None
+                await asyncio.sleep(1)
+                continue
+            if message.get("type") == "run.changed":
+                self._deliver(message)
+
+    def _deliver(self, message: dict) -> None:  # on the loop
+        text, run_id = message["text"], message.get("run_id")
+        with self._lock:
+            outboxes = [*self._sockets.get(EVERY_RUN, ()), *self._sockets.get(run_id, ())]
+            watches = list(self._watches.get(run_id, ()))
+        by_loop: dict[asyncio.AbstractEventLoop, list[Outbox]] = {}
+        for outbox in outboxes:
+            by_loop.setdefault(outbox.loop, []).append(outbox)
+        for loop, group in by_loop.items():  # one hand-over per loop (daphne's), not per socket
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_put_each, group, text)
+        if watches:
+            run = json.loads(text)["run"]
+            for watch in watches:
+                watch.offer(run)
+
+
+def _put_each(outboxes: list[Outbox], text: str) -> None:  # on the sockets' loop
+    for outbox in outboxes:
+        outbox.put(text)
+
+
+stream = Stream()

@@ -1,0 +1,77 @@
+"""The one JSON representation of a run and of an event (the shapes of API.md).
+
+The REST API, the socket snapshots and pushes, and the waiting control calls all send what
+these functions write. The API's serializers declare the same shapes for validation and the
+OpenAPI document; a test holds the two to the same output. Plain functions, because a run
+is represented on every transition of every run (DRF rebuilt each declared field per
+object, which cost more than the database work).
+"""
+
+import json
+
+from django.utils import timezone
+
+from runs.models import Event, Run
+
+
+def when(value) -> str | None:
+    """A datetime in ISO 8601 as DRF writes it (current time zone, UTC as ``Z``)."""
+    if value is None:
+        return None
+    text = timezone.localtime(value).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def ticket_data(ticket) -> dict | None:
+    if ticket is None:
+        return None
+    return {"id": str(ticket.id), "reason": ticket.reason, "prompt": ticket.prompt,
+            "created_at": when(ticket.created_at)}
+
+
+def control_data(intent) -> dict | None:
+    if intent is None:
+        return None
+    return {"action": intent.action, "reason": intent.reason, "stop_code": intent.stop_code,
+            "requested_by": intent.requested_by, "source": intent.source,
+            "requested_at": when(intent.requested_at),
+            "delivered_at": when(intent.delivered_at), "applied_at": when(intent.applied_at)}
+
+
+def run_data(run: Run) -> dict:
+    """The representation of ``run``."""
+    return {
+        "id": str(run.id), "agent": run.agent, "input": run.input, "thread_id": run.thread_id,
+        "parent_id": None if run.parent_id is None else str(run.parent_id),
+        "state": run.state, "end_cause": run.end_cause, "stop_code": run.stop_code,
+        "stop_reason": run.stop_reason, "error": run.error, "output": run.output,
+        "generation": run.generation, "owner": run.owner,
+        "ticket": ticket_data(run.ticket if run.ticket_id is not None else None),
+        "control": control_data(run.control if run.control_id is not None else None),
+        "actions": list(run.allowed_actions),
+        "budget": {"max_steps": run.max_steps, "max_seconds": run.max_seconds,
+                   "max_tokens": run.max_tokens},
+        "usage": {"steps": run.steps, "tokens": run.tokens, "seconds": run.seconds_used},
+        "version": run.version, "start_after": when(run.start_after),
+        "created_at": when(run.created_at), "started_at": when(run.started_at),
+        "ended_at": when(run.ended_at), "updated_at": when(run.updated_at),
+    }
+
+
+def event_data(event: Event) -> dict:
+    """The representation of ``event``."""
+    return {"seq": event.seq, "run_id": str(event.run_id), "version": event.version,
+            "kind": event.kind, "state": event.state, "end_cause": event.end_cause,
+            "generation": event.generation, "actor": event.actor, "source": event.source,
+            "data": event.data, "at": when(event.at)}
+
+
+def change_text(*, run: Run, event: Event) -> str:
+    """The ``run.changed`` socket message for one committed event, encoded once."""
+    return json.dumps({"type": "run.changed", "seq": event.seq, "event": event_data(event),
+                       "run": run_data(run)})
+
+
+def snapshot_text(*, seq: int, runs: list[Run]) -> str:
+    """The ``snapshot`` socket message: the newest seq, then the runs."""
+    return json.dumps({"type": "snapshot", "seq": seq, "runs": [run_data(run) for run in runs]})
