@@ -1,11 +1,15 @@
 """The statements every transition runs, written once as SQL.
 
-A transition locks its run, updates some of its columns, inserts its event and sometimes
-opens or closes an attempt. Through the query compiler each of these cost about three times
-the CPU of the statement itself, which was most of a worker's time per run. Here the SQL is
-built once per model (and per set of columns) from the models' own field definitions;
-values go through the fields' own preparation and conversion, so the rows read and written
-are exactly what the ORM would read and write, on PostgreSQL and SQLite alike.
+A transition locks its run (``lock``; ``lock_many`` for the runs a worker claims together),
+updates some of its columns (``update``), inserts its events, new runs or attempts
+(``insert``) and closes an attempt (``update_where``). Nothing else is written here: cold
+paths (tickets, intents, reads for pages) use the ORM. Through the query compiler each of
+these statements cost about three times the CPU of the statement itself, which was most of
+a worker's time per run (``manage.py bench sql`` measures both ways). The SQL is built once
+per model, set of columns and database vendor from the models' own field definitions,
+identifiers quoted; values go through the fields' own preparation and conversion, so the
+rows read and written are exactly what the ORM would read and write, on PostgreSQL and
+SQLite alike (tests/test_sql.py holds each statement to the ORM's result).
 """
 
 import weakref
@@ -43,7 +47,7 @@ def insert(*instances) -> None:
     each."""
     if not instances:
         return
-    sql, fields, auto = _insert_sql(type(instances[0]))
+    sql, fields, auto = _insert_sql(type(instances[0]), connection.vendor)
     row = f"({', '.join(['%s'] * len(fields))})"
     values = [f.get_db_prep_save(f.pre_save(instance, True), connection)
               for instance in instances for f in fields]
@@ -61,7 +65,7 @@ def insert(*instances) -> None:
 def update(instance, names: tuple[str, ...]) -> None:
     """Write the fields ``names`` of ``instance`` to its row (``auto_now`` applied)."""
     model = type(instance)
-    sql, fields = _update_sql(model, tuple(names), (model._meta.pk.name,))
+    sql, fields = _update_sql(model, tuple(names), (model._meta.pk.name,), connection.vendor)
     values = [f.get_db_prep_save(f.pre_save(instance, False), connection) for f in fields]
     with connection.cursor() as cursor:
         cursor.execute(sql, [*values, _value(model, model._meta.pk.name, instance.pk)])
@@ -69,7 +73,7 @@ def update(instance, names: tuple[str, ...]) -> None:
 
 def update_where(model, values: dict, **where) -> int:
     """``UPDATE model SET values WHERE`` each ``where`` field equals its value; row count."""
-    sql, fields = _update_sql(model, tuple(values), tuple(where))
+    sql, fields = _update_sql(model, tuple(values), tuple(where), connection.vendor)
     params = [f.get_db_prep_save(values[f.name], connection) for f in fields]
     params += [_value(model, name, value) for name, value in where.items()]
     with connection.cursor() as cursor:
@@ -81,22 +85,27 @@ def _value(model, name, value):
     return model._meta.get_field(name).get_db_prep_value(value, connection)
 
 
+def _quote(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
 @cache
-def _insert_sql(model):
+def _insert_sql(model, vendor: str):
     auto = model._meta.pk if model._meta.pk.db_returning else None
     fields = [f for f in model._meta.concrete_fields if f is not auto]
-    columns = ", ".join(f.column for f in fields)
-    returning = f" RETURNING {auto.column}" if auto is not None else ""
-    return (f"INSERT INTO {model._meta.db_table} ({columns}) VALUES {{rows}}{returning}",
-            fields, auto)
+    columns = ", ".join(_quote(f.column) for f in fields)
+    returning = f" RETURNING {_quote(auto.column)}" if auto is not None else ""
+    return (f"INSERT INTO {_quote(model._meta.db_table)} ({columns}) VALUES {{rows}}"
+            f"{returning}", fields, auto)
 
 
 @cache
-def _update_sql(model, names: tuple[str, ...], where: tuple[str, ...]):
+def _update_sql(model, names: tuple[str, ...], where: tuple[str, ...], vendor: str):
     fields = [model._meta.get_field(name) for name in names]
-    assignments = ", ".join(f"{f.column} = %s" for f in fields)
-    condition = " AND ".join(f"{model._meta.get_field(n).column} = %s" for n in where)
-    return f"UPDATE {model._meta.db_table} SET {assignments} WHERE {condition}", fields
+    assignments = ", ".join(f"{_quote(f.column)} = %s" for f in fields)
+    condition = " AND ".join(f"{_quote(model._meta.get_field(n).column)} = %s" for n in where)
+    return (f"UPDATE {_quote(model._meta.db_table)} SET {assignments} WHERE {condition}",
+            fields)
 
 
 class _Reader:
@@ -108,8 +117,10 @@ class _Reader:
         fields = model._meta.concrete_fields
         self.attnames = [f.attname for f in fields]
         lock = " FOR UPDATE" if db.features.has_select_for_update else ""
-        select = f"SELECT {', '.join(f.column for f in fields)} FROM {model._meta.db_table}"
-        pk = model._meta.pk.column
+        quote = db.ops.quote_name
+        select = (f"SELECT {', '.join(quote(f.column) for f in fields)} "
+                  f"FROM {quote(model._meta.db_table)}")
+        pk = quote(model._meta.pk.column)
         self.sql = f"{select} WHERE {pk} = %s{lock}"
         self.sql_many = f"{select} WHERE {pk} IN ({{marks}}) ORDER BY {pk}{lock}"
         self.compiler = model.objects.none().query.get_compiler(connection=db)

@@ -1,0 +1,64 @@
+"""The HTTP side of the ASGI application: Django's middleware and view entered once per
+request (awaken_site/handlers.py), with the same answers as Django's own handler."""
+
+import asyncio
+
+import pytest
+from asgiref.sync import SyncToAsync, async_to_sync
+from asgiref.testing import ApplicationCommunicator
+from django.core.handlers.asgi import ASGIHandler
+
+from awaken_site.handlers import SyncChainASGIHandler
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def get(handler, path: str) -> tuple[dict, int]:
+    """One GET through ``handler``: the response start message, and how many times the
+    request hopped from the event loop to a thread (``sync_to_async`` calls)."""
+    hops = 0
+    original = SyncToAsync.__call__
+
+    async def counted(self, *args, **kwargs):
+        nonlocal hops
+        hops += 1
+        return await original(self, *args, **kwargs)
+
+    async def request():
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                 "method": "GET", "scheme": "http", "path": path, "raw_path": path.encode(),
+                 "query_string": b"", "root_path": "", "headers": [(b"host", b"127.0.0.1")],
+                 "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 80)}
+        communicator = ApplicationCommunicator(handler, scope)
+        await communicator.send_input({"type": "http.request", "body": b""})
+        start = await communicator.receive_output(timeout=10)
+        while (await communicator.receive_output(timeout=10)).get("more_body"):
+            pass
+        await asyncio.sleep(0)
+        return start
+
+    SyncToAsync.__call__ = counted
+    try:
+        start = async_to_sync(request)()
+    finally:
+        SyncToAsync.__call__ = original
+    return start, hops
+
+
+def test_a_request_enters_the_middleware_and_view_in_one_hop():
+    start, hops = get(SyncChainASGIHandler(), "/accounts/login/")
+    _, django_hops = get(ASGIHandler(), "/accounts/login/")
+    assert start["status"] == 200
+    # The chain and the view are one call; Django's own handler hops at each sync
+    # middleware. (The remaining hops are Django's per-request signals.)
+    assert hops < django_hops
+    assert hops <= 3, hops
+
+
+def test_it_answers_as_djangos_own_handler_does():
+    mine, _ = get(SyncChainASGIHandler(), "/accounts/login/")
+    theirs, _ = get(ASGIHandler(), "/accounts/login/")
+    header_names = {name.lower() for name, _ in mine["headers"]}
+    assert mine["status"] == theirs["status"] == 200
+    assert header_names == {name.lower() for name, _ in theirs["headers"]}
+    assert {b"x-frame-options", b"set-cookie", b"content-type"} <= header_names
