@@ -381,6 +381,10 @@ class ControlIntent(models.Model):
         max_length=16, choices=AppliedVia.choices, null=True, blank=True,
         help_text="Which path committed the terminal state.",
     )
+    caused_by = models.ForeignKey(
+        Run, null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+        db_index=False, help_text="The parent run whose end or lost attempt asked for this.",
+    )
 
     class Meta:
         ordering = ["-requested_at"]

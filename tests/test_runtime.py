@@ -110,9 +110,10 @@ def test_a_stale_generation_cannot_unregister_its_replacement():
 
 def test_an_older_generation_cannot_register_over_a_newer_one():
     registry = Registry()
-    registry.register(entry(generation=3))
-    with pytest.raises(ValueError):
-        registry.register(entry(generation=2))
+    newer, older = entry(generation=3), entry(generation=2)
+    assert registry.register(newer)
+    assert not registry.register(older)
+    assert registry.get("r") is newer and not newer.token.cancelled
 
 
 def test_a_command_for_another_generation_is_not_active():

@@ -124,6 +124,32 @@ class Parent(Agent):
         count = int(ctx.input.get("children", 2))
         agent = ctx.input.get("child_agent", "demo.hang")
         child_input = ctx.input.get("child_input", {})
+        if ctx.input.get("then_wait_for_input"):
+            # Starts the children, then awaits input without waiting for them (its state,
+            # committed with the pause, remembers that they were started).
+            if "children" not in ctx.state:
+                ctx.state["children"] = [str(await ctx.spawn(agent, child_input))
+                                         for _ in range(count)]
+            answer = await ctx.wait_for_input(reason="input", prompt={"question": "Input?"})
+            return {"children": ctx.state["children"], "input": answer}
         children = [str(await ctx.spawn(agent, child_input)) for _ in range(count)]
         ends = await ctx.wait_children()
         return {"children": children, "ends": ends}
+
+
+@register
+class Inbox(Agent):
+    """Waits on its live inbox; one step per message (a wake is a step with no message);
+    completes when a message equals ``until``, with every message received."""
+
+    name = "demo.inbox"
+
+    async def run(self, ctx):
+        until = ctx.input.get("until", {"done": True})
+        messages = ctx.state.setdefault("messages", [])
+        while not (messages and messages[-1] == until):
+            message = await ctx.receive()
+            async with ctx.step():
+                if message is not None:
+                    messages.append(message)
+        return {"messages": messages}

@@ -30,6 +30,9 @@ class ControlSerializer(serializers.Serializer):
     requested_at = serializers.DateTimeField()
     delivered_at = serializers.DateTimeField(allow_null=True)
     applied_at = serializers.DateTimeField(allow_null=True)
+    caused_by = serializers.UUIDField(
+        allow_null=True, source="caused_by_id",
+        help_text="The parent run whose end (or lost attempt) asked for this one.")
 
 
 class BudgetSerializer(serializers.Serializer):
@@ -137,6 +140,9 @@ class ResumeSerializer(serializers.Serializer):
 
 class DeliverSerializer(serializers.Serializer):
     command = serializers.ChoiceField(choices=LIVE_COMMANDS)
+    message = serializers.JSONField(
+        required=False, allow_null=True,
+        help_text="With command message: any JSON up to 64 KiB, for the attempt's live inbox.")
 
 
 class DeliveredSerializer(serializers.Serializer):
@@ -147,6 +153,10 @@ class DeliveredSerializer(serializers.Serializer):
 class ErrorSerializer(serializers.Serializer):
     code = serializers.CharField()
     detail = serializers.CharField()
+
+
+class NotActiveSerializer(ErrorSerializer):
+    run = RunSerializer(help_text="The run as committed.")
 
 
 class RunBatchSerializer(serializers.Serializer):

@@ -11,7 +11,7 @@ from runs.api import serializers as s
 from runs.api import waiting
 from runs.api.permissions import IsOperator, IsViewer
 from runs.domain import selectors
-from runs.domain.errors import InvalidRequest
+from runs.domain.errors import InvalidRequest, NotActive
 from runs.domain.representation import event_data, run_data
 from runs.models import RunState
 
@@ -186,20 +186,35 @@ class RunResumeView(ControlView):
         run_id = selectors.parse_run_id(run_id)
         data = validated(s.ResumeSerializer, request)
         domain.run_resume(run_id=run_id, ticket_id=data["ticket"], input=data.get("input"),
-                            actor=actor(request), source=source(request))
+                          actor=actor(request), source=source(request))
         return Response(run_data(selectors.run_get(run_id)))
 
 
 class RunPauseView(ControlView):
     @extend_schema(request=None, parameters=[s.WaitQuery],
-                   responses={200: s.RunSerializer, 202: s.RunSerializer, **ERRORS})
+                   responses={200: s.RunSerializer, 202: s.RunSerializer,
+                              409: s.NotActiveSerializer, **ERRORS})
     def post(self, request, run_id):
-        """Pause a running run at its next step boundary: 200 once awaiting with a ticket."""
+        """Pause a running run at its next step boundary: 200 once awaiting with a ticket,
+        202 while it is still running; 409 ``not_active`` if it was not running when asked
+        or ended before reaching a boundary (``run`` is the committed run)."""
         wait = query(s.WaitQuery, request)["wait"]
-        run = domain.run_pause(run_id=run_id, actor=actor(request), source=source(request))
+        try:
+            run = domain.run_pause(run_id=run_id, actor=actor(request), source=source(request))
+        except NotActive as error:
+            return not_active(error.message, selectors.run_get(run_id))
         run = waiting.wait_until_not_running(run.id, wait)
+        if run["state"] == RunState.ENDED:
+            return not_active("The run ended before it reached a step boundary.", run)
         code = status.HTTP_202_ACCEPTED if run["state"] == RunState.RUNNING else status.HTTP_200_OK
         return Response(run, status=code)
+
+
+def not_active(detail: str, run) -> Response:
+    """409 ``not_active`` with the run as committed."""
+    run = run if isinstance(run, dict) else run_data(run)
+    return Response({"code": NotActive.code, "detail": detail, "run": run},
+                    status=status.HTTP_409_CONFLICT)
 
 
 class RunDeliverView(ControlView):
@@ -208,6 +223,7 @@ class RunDeliverView(ControlView):
         """Live only: no intent is written and nothing durable happens if it is NotActive."""
         selectors.run_get(run_id)  # 404 before 400
         data = validated(s.DeliverSerializer, request)
-        run = domain.run_deliver(run_id=run_id, command=data["command"], actor=actor(request),
+        run = domain.run_deliver(run_id=run_id, command=data["command"],
+                                 message=data.get("message"), actor=actor(request),
                                  source=source(request))
         return Response({"delivered": True, "generation": run.generation})

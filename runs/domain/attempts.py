@@ -11,12 +11,15 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from runs.domain import ports, sql
 from runs.domain.core import (
     Ending,
+    database_now,
     dispatch_after_commit,
+    end_children,
     finish,
     locked_run,
     locked_runs,
@@ -60,6 +63,9 @@ def attempts_start(*, run_ids, owner: str, lease_seconds: float) -> list[Attempt
         now = timezone.now()
         runs = [run for run in locked_runs(run_ids) if run.state == RunState.QUEUED
                 and not (run.start_after and run.start_after > now)]
+        if not runs:
+            return []
+        expires = database_now() + timedelta(seconds=lease_seconds)
         attempts = []
         for run in runs:
             run.state = RunState.RUNNING
@@ -67,7 +73,7 @@ def attempts_start(*, run_ids, owner: str, lease_seconds: float) -> list[Attempt
             run.started_at = run.started_at or now
             run.owner, run.claimed_at = owner, now
             attempts.append(Attempt(run=run, generation=run.generation, owner=owner,
-                                    lease_expires_at=now + timedelta(seconds=lease_seconds)))
+                                    lease_expires_at=expires))
         sql.insert(*attempts)
         record_each(runs, EventKind.STARTED,
                     fields=("state", "generation", "started_at", "owner", "claimed_at"),
@@ -149,6 +155,27 @@ def attempt_interrupted(*, run_id, generation: int, actor: str | None = None,
         return finish(run, ending, generation=generation, actor=actor, source=source)
 
 
+PARENT_GONE = {"command": "was asked to end", "fenced": "lost its attempt",
+               "budget": "ran out of budget", "parent": "was ended with its own parent"}
+
+
+def attempt_parent_gone(*, run_id, generation: int, parent_id, why: str,
+                        actor: str | None = None, source: str | None = None) -> bool:
+    """End a child run whose attempt's token was cancelled with its parent's (``why``: how
+    the parent's token was cancelled). Nothing ends without a record of why: a pending
+    request is applied; otherwise a cancel intent naming the parent is recorded first."""
+    with transaction.atomic():
+        run = locked_run(run_id)
+        if run.state != RunState.RUNNING or run.generation != generation:
+            return False
+        intent = pending_intent(run) or record_intent(
+            run, action=ControlAction.CANCEL, stop_code=None,
+            reason=f"Parent run {str(parent_id)[:8]} {PARENT_GONE.get(why, 'ended')}.",
+            actor=actor or "worker", source=source or Source.WORKER, caused_by_id=parent_id)
+        return finish(run, Ending.from_intent(intent), generation=generation,
+                      actor=intent.requested_by, source=intent.source)
+
+
 def attempt_stop_by_policy(*, run_id, generation: int, code: str, reason: str) -> bool:
     """A budget or other host policy ends the run ``stopped`` with ``code``.
 
@@ -185,7 +212,7 @@ def attempt_renew(*, owner: str, attempts: list[tuple], lease_seconds: float) ->
     if not run_ids:
         return Renewal(set(), {})
     live = Attempt.objects.filter(owner=owner, state=AttemptState.LIVE, run_id__in=run_ids)
-    live.update(lease_expires_at=timezone.now() + timedelta(seconds=lease_seconds))
+    live.update(lease_expires_at=Now() + timedelta(seconds=lease_seconds))
     # Read after the update: an attempt closed before it was not renewed and is absent here;
     # one closed after it cannot be, its lease being fresh.
     renewed = {(str(run_id), generation)
@@ -205,11 +232,19 @@ def attempt_expire(*, run_id, generation: int, max_crash_retries: int) -> str | 
     """
     with transaction.atomic():
         run = locked_run(run_id)
-        now = timezone.now()
-        expired = Attempt.objects.filter(run=run, generation=generation, state=AttemptState.LIVE,
-                                         lease_expires_at__lt=now).exists()
-        if not expired or run.state != RunState.RUNNING or run.generation != generation:
+        if run.state != RunState.RUNNING or run.generation != generation:
             return None
+        now = timezone.now()
+        # Closing the attempt is the check, in one statement on its row: a renewal that
+        # commits first leaves nothing expired to close; one that comes after finds the
+        # attempt closed and reports it fenced. Expiry is read on the database's clock.
+        closed = Attempt.objects.filter(
+            run=run, generation=generation, state=AttemptState.LIVE,
+            lease_expires_at__lt=Now()).update(state=AttemptState.CLOSED,
+                                               close_reason=CloseReason.LOST, closed_at=now)
+        if not closed:
+            return None
+        end_children(run, actor=None, source=Source.WORKER)  # its attempt's children are lost
         intent = pending_intent(run)
         if intent is not None:
             finish(run, Ending.from_intent(intent), actor=intent.requested_by,
@@ -253,8 +288,7 @@ def sweep(*, limit: int = 200) -> dict:
     """One pass of the sweeper (SPEC §6): expired leases, then queued runs whose message
     may be lost. Each row is its own compare-and-set transition, so sweeps may overlap."""
     counts = {"applied": 0, "requeued": 0, "failed": 0, "redispatched": 0}
-    expired = (Attempt.objects.filter(state=AttemptState.LIVE,
-                                      lease_expires_at__lt=timezone.now())
+    expired = (Attempt.objects.filter(state=AttemptState.LIVE, lease_expires_at__lt=Now())
                .order_by("lease_expires_at").values_list("run_id", "generation")[:limit])
     for run_id, generation in list(expired):
         outcome = attempt_expire(run_id=run_id, generation=generation,

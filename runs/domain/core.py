@@ -7,14 +7,15 @@
 * ``finish`` is the one function that commits a terminal state.
 """
 
+import logging
 from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from runs.domain import ports, sql
-from runs.domain.errors import RunNotFound
+from runs.domain.errors import NotActive, RunNotFound
 from runs.models import (
     AppliedVia,
     Attempt,
@@ -27,9 +28,22 @@ from runs.models import (
     EventKind,
     Run,
     RunState,
+    Source,
     StopCode,
     TicketState,
 )
+
+log = logging.getLogger(__name__)
+
+
+def database_now():
+    """The database's clock: leases are set and compared by it alone, so the clocks of the
+    hosts that run workers and sweepers never matter. (SQLite lives on one host.)"""
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        return cursor.fetchone()[0]
 
 
 def locked_run(run_id) -> Run:
@@ -135,19 +149,38 @@ def pending_intent(run: Run) -> ControlIntent | None:
 
 
 def record_intent(run: Run, *, action: str, reason: str | None, stop_code: str | None,
-                  actor: str, source: str) -> ControlIntent:
+                  actor: str, source: str, caused_by_id=None) -> ControlIntent:
     """Write a control intent and its ``*_requested`` event (the run must be locked)."""
     intent = ControlIntent.objects.create(
         run=run, action=action, reason=reason, stop_code=stop_code, requested_by=actor,
-        source=source,
+        source=source, caused_by_id=caused_by_id,
     )
     run.control = intent
-    kind = EventKind.STOP_REQUESTED if action == ControlAction.STOP else EventKind.CANCEL_REQUESTED
+    record(run, _requested_kind(action), fields=("control",), actor=actor, source=source,
+           data=_request_data(reason, stop_code, caused_by_id))
+    return intent
+
+
+def record_joined(run: Run, pending: ControlIntent, *, action: str, reason: str | None,
+                  stop_code: str | None, actor: str, source: str) -> None:
+    """A cancel or stop asked while another is pending joins it: it changes nothing else,
+    but who asked, when, from where and why is recorded as an event of its own."""
+    data = _request_data(reason, stop_code, None)
+    data["joined"] = pending.pk
+    record(run, _requested_kind(action), actor=actor, source=source, data=data)
+
+
+def _requested_kind(action: str) -> str:
+    return EventKind.STOP_REQUESTED if action == ControlAction.STOP else EventKind.CANCEL_REQUESTED
+
+
+def _request_data(reason, stop_code, caused_by_id) -> dict:
     data = {"reason": reason} if reason else {}
     if stop_code:
         data["stop_code"] = stop_code
-    record(run, kind, fields=("control",), actor=actor, source=source, data=data)
-    return intent
+    if caused_by_id is not None:
+        data["caused_by"] = str(caused_by_id)
+    return data
 
 
 @dataclass(frozen=True)
@@ -204,7 +237,8 @@ def finish(
     2. the live attempt (if any) is closed and its running time added to the run;
     3. the open ticket (if any) is revoked;
     4. the pending control intent (if any) is marked applied, ``via`` which path;
-    5. exactly one ``ended`` event is written.
+    5. exactly one ``ended`` event is written;
+    6. each of its children that has not ended is asked to end (``end_children``).
     """
     if run.state == RunState.ENDED:
         return False
@@ -244,7 +278,48 @@ def finish(
         run.stop_reason = data["stop_reason"] = ending.stop_reason
         fields += ["stop_code", "stop_reason"]
     record(run, EventKind.ENDED, fields=tuple(fields), actor=actor, source=source, data=data)
+    end_children(run, actor=actor, source=source)
     return True
+
+
+def end_children(parent: Run, *, actor: str | None, source: str | None) -> None:
+    """No child runs on under an ended or lost parent (SPEC §7.10): each child that has not
+    ended gets a cancel intent of its own naming the parent as the cause, in the parent's
+    transaction. A queued or awaiting child ends at once (and its own children with it); a
+    running one is told live after commit, and its lease renewal or expiry applies the
+    intent if the signal is lost. A child with a request already pending keeps it."""
+    children = list(Run.objects.filter(parent_id=parent.pk).exclude(state=RunState.ENDED)
+                    .order_by("pk").values_list("pk", flat=True))
+    for child_id in children:
+        child = locked_run(child_id)
+        if child.state == RunState.ENDED or pending_intent(child) is not None:
+            continue
+        cause = parent.end_cause or "lost its attempt"
+        intent = record_intent(child, action=ControlAction.CANCEL,
+                               reason=f"Parent run {str(parent.pk)[:8]} {cause}.",
+                               stop_code=None, actor=actor or source or "worker",
+                               source=source or Source.WORKER, caused_by_id=parent.pk)
+        if child.state == RunState.RUNNING:
+            signal_end_after_commit(child, intent)
+        else:
+            finish(child, Ending.cancelled(), actor=intent.requested_by, source=intent.source,
+                   via=AppliedVia.DURABLE)
+
+
+def signal_end_after_commit(run: Run, intent: ControlIntent) -> None:
+    """Once the intent commits, tell the run's attempt at once."""
+    after_commit(_signal_end, run_id=run.id, generation=run.generation, owner=run.owner,
+                 actor=intent.requested_by, source=intent.source)
+
+
+def _signal_end(*, run_id, generation: int, owner: str, actor: str, source: str) -> None:
+    """The live signal only shortens the wait: if it is not taken, the attempt learns of the
+    intent at its next lease renewal, or the sweeper applies it when the lease expires."""
+    try:
+        ports.workers.deliver(run_id=run_id, generation=generation, owner=owner,
+                              command="cancel", actor=actor, source=source)
+    except NotActive:
+        log.info("run %s: cancel not taken live; it waits for renewal or lease expiry", run_id)
 
 
 def release_claim(run: Run, reason: str, *, now) -> list[str]:

@@ -21,7 +21,8 @@ class Workers(Protocol):
         """Runs became queued: hand each ``(run_id, start_after)`` to a worker."""
 
     def deliver(self, *, run_id, generation: int, owner: str | None, command: str,
-                actor: str | None = None, source: str | None = None) -> None:
+                actor: str | None = None, source: str | None = None,
+                message=None) -> None:
         """Deliver a live command to the attempt ``generation`` held by ``owner``; raise
         ``NotActive`` when nothing there takes it."""
 

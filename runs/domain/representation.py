@@ -35,7 +35,8 @@ def control_data(intent) -> dict | None:
     return {"action": intent.action, "reason": intent.reason, "stop_code": intent.stop_code,
             "requested_by": intent.requested_by, "source": intent.source,
             "requested_at": when(intent.requested_at),
-            "delivered_at": when(intent.delivered_at), "applied_at": when(intent.applied_at)}
+            "delivered_at": when(intent.delivered_at), "applied_at": when(intent.applied_at),
+            "caused_by": None if intent.caused_by_id is None else str(intent.caused_by_id)}
 
 
 def run_data(run: Run) -> dict:

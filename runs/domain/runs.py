@@ -2,7 +2,6 @@
 
 import hashlib
 import json
-import logging
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -14,7 +13,6 @@ from runs.domain import ports
 from runs.domain.catalogue import CATALOGUE
 from runs.domain.core import (
     Ending,
-    after_commit,
     dispatch_after_commit,
     finish,
     locked_run,
@@ -22,11 +20,12 @@ from runs.domain.core import (
     record,
     record_created,
     record_intent,
+    record_joined,
+    signal_end_after_commit,
 )
 from runs.domain.errors import (
     IdempotencyConflict,
     InvalidRequest,
-    NotActive,
     NotAwaiting,
     TicketMismatch,
 )
@@ -43,8 +42,6 @@ from runs.models import (
     StopCode,
     TicketState,
 )
-
-log = logging.getLogger(__name__)
 
 BUDGET_KEYS = ("max_steps", "max_seconds", "max_tokens")
 # The largest budget each column holds (max_seconds: ten years).
@@ -301,44 +298,42 @@ def _request_end(*, run_id, action, reason, stop_code, actor, source) -> Control
             return ControlResult(run, "ended")
         pending = pending_intent(run)
         if pending is not None:
+            record_joined(run, pending, action=action, reason=reason, stop_code=stop_code,
+                          actor=actor, source=source)
             return ControlResult(run, "live", pending)
         intent = record_intent(run, action=action, reason=reason, stop_code=stop_code,
                                actor=actor, source=source)
         if run.state == RunState.RUNNING:
-            after_commit(_signal_end, run_id=run.id, generation=run.generation,
-                         owner=run.owner, actor=intent.requested_by, source=intent.source)
+            signal_end_after_commit(run, intent)
             return ControlResult(run, "live", intent)
         finish(run, Ending.from_intent(intent), actor=actor, source=source,
                via=AppliedVia.DURABLE)
         return ControlResult(run, "durable", intent)
 
 
-def _signal_end(*, run_id, generation: int, owner: str, actor: str, source: str) -> None:
-    """After a cancel or stop of a running run commits, tell its attempt at once. The
-    signal only shortens the wait: if it is not taken, the attempt learns of the intent at
-    its next lease renewal, or the sweeper applies it when the lease expires (SPEC §5)."""
-    try:
-        ports.workers.deliver(run_id=run_id, generation=generation, owner=owner,
-                              command="cancel", actor=actor, source=source)
-    except NotActive:
-        log.info("run %s: cancel not taken live; it waits for renewal or lease expiry", run_id)
+LIVE_COMMANDS = ("cancel", "pause", "wake", "message")
+MAX_MESSAGE_BYTES = 64 * 1024
 
 
-LIVE_COMMANDS = ("cancel", "pause", "wake")
-
-
-def run_deliver(*, run_id, command: str, actor: str, source: str) -> Run:
+def run_deliver(*, run_id, command: str, actor: str, source: str, message=None) -> Run:
     """Send a live command to the run's live attempt, as committed now; nothing durable.
 
     No intent is written and nothing happens later if it is not taken: NotActive when the
-    run has no live attempt or its owner does not take the command. Returns the run as read
-    (its ``generation`` is the attempt that took the command).
+    run has no live attempt or its owner does not take the command. ``message`` (any JSON
+    up to 64 KiB encoded) goes with ``message`` to the attempt's live inbox. Returns the
+    run as read (its ``generation`` is the attempt that took the command).
     """
     if command not in LIVE_COMMANDS:
         raise InvalidRequest(f"Unknown live command {command!r}.", field="command")
+    if command == "message":
+        _check_storable(message, "message")
+        if len(json.dumps(message).encode()) > MAX_MESSAGE_BYTES:
+            raise InvalidRequest("message is larger than 64 KiB.", field="message")
+    elif message is not None:
+        raise InvalidRequest(f"A {command} carries no message.", field="message")
     run = run_get(run_id)  # the claim as committed: no owner unless it is running
     ports.workers.deliver(run_id=run.id, generation=run.generation, owner=run.owner,
-                          command=command, actor=actor, source=source)
+                          command=command, actor=actor, source=source, message=message)
     return run
 
 

@@ -9,7 +9,7 @@ from django.db.models import Q
 
 from runs.domain.errors import InvalidRequest, RunNotFound
 from runs.domain.representation import change_text, snapshot_text
-from runs.models import Event, ResumeTicket, Run, TicketState
+from runs.models import Event, EventKind, ResumeTicket, Run, RunState, TicketState
 
 
 def runs():
@@ -43,6 +43,13 @@ def ticket_get(ticket_id) -> ResumeTicket:
     if ticket is None:
         raise InvalidRequest(f"No ticket with id {ticket_id}.", field="ticket")
     return ticket
+
+
+def claim_holds(*, run_id, generation: int, owner: str) -> bool:
+    """Whether ``owner``'s attempt ``generation`` still holds the run's claim, as committed:
+    a durable host checks this before it lets a live command reach the attempt."""
+    return Run.objects.filter(pk=parse_run_id(run_id), state=RunState.RUNNING,
+                              generation=generation, owner=owner).exists()
 
 
 def run_list(*, filters: dict, search: str = "", cursor: str | None = None, limit: int = 50):
@@ -99,8 +106,9 @@ class AttemptView:
 
     agent: str
     input: dict
+    parent_id: str | None
     agent_state: dict | None
-    resume: tuple | None  # (ticket reason, resume input) when the attempt follows a resume
+    resume: tuple | None  # (ticket reason, resume input) while a resume awaits its next step
     steps: int
     tokens: int
     seconds_used: float
@@ -110,14 +118,23 @@ class AttemptView:
 
 
 def attempt_view(*, run: Run, generation: int) -> AttemptView:
-    """The view of ``run`` as its attempt ``generation`` claimed it (the claim's own copy)."""
+    """The view of ``run`` as its attempt ``generation`` claimed it (the claim's own copy).
+
+    A resume's input reaches every attempt until the agent commits its next step (SPEC
+    §7.11): an attempt that follows a crash right after a resume gets it too.
+    """
     ticket = None
     if generation > 1:  # a first attempt follows no resume
-        ticket = (ResumeTicket.objects.filter(run_id=run.pk, generation=generation - 1,
-                                              state=TicketState.CONSUMED)
-                  .values_list("reason", "resume_input").first())
+        resumed = (ResumeTicket.objects.filter(run_id=run.pk, state=TicketState.CONSUMED)
+                   .order_by("-closed_at").values_list("generation", "reason", "resume_input")
+                   .first())
+        if resumed is not None and not Event.objects.filter(
+                run_id=run.pk, kind=EventKind.STEP, generation__gt=resumed[0]).exists():
+            ticket = resumed[1:]
     return AttemptView(
-        agent=run.agent, input=run.input or {}, agent_state=run.agent_state,
+        agent=run.agent, input=run.input or {},
+        parent_id=None if run.parent_id is None else str(run.parent_id),
+        agent_state=run.agent_state,
         resume=tuple(ticket) if ticket else None, steps=run.steps, tokens=run.tokens,
         seconds_used=run.seconds_used, max_steps=run.max_steps, max_seconds=run.max_seconds,
         max_tokens=run.max_tokens,

@@ -109,6 +109,14 @@ class Context:
     async def sleep(self, seconds: float) -> None:
         await self.race(asyncio.sleep(seconds))
 
+    # --- the live inbox ------------------------------------------------------------------
+
+    async def receive(self):
+        """The next message delivered to this attempt's live inbox (``deliver`` with
+        ``message``), or None for a wake. Waits for one, racing the token; a pause asked
+        meanwhile is taken here. The inbox is live: it is not kept across attempts."""
+        return await self._host.receive(self)
+
     # --- pauses ------------------------------------------------------------------------
 
     async def wait_for_input(self, *, reason: str = "input", prompt: Any = None):

@@ -67,22 +67,36 @@ class Executor:
         """Claim the runs of ``run_ids`` (one transaction) and run their attempts on the
         loop. Returns how many were claimed."""
         attempts = domain.attempts_start(run_ids=run_ids, owner=self.owner,
-                                           lease_seconds=self.lease_seconds)
+                                         lease_seconds=self.lease_seconds)
         for attempt in attempts:
             view = selectors.attempt_view(run=attempt.run, generation=attempt.generation)
-            asyncio.run_coroutine_threadsafe(
-                self._attempt(str(attempt.run_id), attempt.generation, CancellationToken(),
-                              view), self.loop)
+            entry = self._register(str(attempt.run_id), attempt.generation, view)
+            if entry is not None:
+                asyncio.run_coroutine_threadsafe(self._attempt(entry, view), self.loop)
         return len(attempts)
+
+    def _register(self, run_id: str, generation: int, view,
+                  token: CancellationToken | None = None) -> Entry | None:
+        """Register a claimed attempt at once, before it is scheduled: from here on a live
+        command finds it. A child whose parent's attempt lives here (a child re-queued
+        after a crash, say) gets a token linked to the parent's. None: a newer generation
+        of the run is registered already, so this claim is stale and must not run."""
+        if token is None:
+            parent = self.registry.get(view.parent_id) if view.parent_id else None
+            token = parent.token.child() if parent is not None else CancellationToken()
+        entry = Entry(run_id, generation, token, loop=self.loop)
+        if not self.registry.register(entry):
+            log.warning("run %s: generation %s is stale here; not started", run_id, generation)
+            return None
+        return entry
 
     # --- one attempt ---------------------------------------------------------------------
 
     async def db(self, fn, /, **kwargs):
         return await self.loop.run_in_executor(self._db, partial(_call_db, fn, kwargs))
 
-    async def _attempt(self, run_id: str, generation: int, token: CancellationToken, view):
-        entry = Entry(run_id, generation, token)
-        self.registry.register(entry)
+    async def _attempt(self, entry: Entry, view):
+        run_id, generation, token = entry.run_id, entry.generation, entry.token
         timer = None
         try:
             ctx = Context(run_id=run_id, generation=generation, input=view.input,
@@ -100,7 +114,7 @@ class Executor:
             await self.db(domain.attempt_finish, run_id=run_id, generation=generation,
                           ending=Ending.completed(output))
         except Interrupted as stop:
-            await self._interrupted(run_id, generation, stop.why)
+            await self._interrupted(run_id, generation, stop.why, view)
         except BudgetExceeded as budget:
             await self.db(domain.attempt_stop_by_policy, run_id=run_id, generation=generation,
                           code=budget.code, reason=budget.reason)
@@ -115,12 +129,16 @@ class Executor:
             self.children.pop((run_id, generation), None)  # children not waited for run on
             self.registry.unregister(run_id, generation)
 
-    async def _interrupted(self, run_id, generation, why: Why | None):
+    async def _interrupted(self, run_id, generation, why: Why | None, view):
         if why is None or why.kind == "fenced":
             return  # a fenced attempt commits nothing
         if why.kind == "budget":
             await self.db(domain.attempt_stop_by_policy, run_id=run_id, generation=generation,
                           code=why.code, reason=why.detail)
+        elif why.kind == "parent":
+            await self.db(domain.attempt_parent_gone, run_id=run_id, generation=generation,
+                          parent_id=view.parent_id, why=why.detail, actor=why.actor,
+                          source=why.source)
         else:
             await self.db(domain.attempt_interrupted, run_id=run_id, generation=generation,
                           actor=why.actor, source=why.source, accepted_at=why.at)
@@ -155,9 +173,27 @@ class Executor:
         ctx.usage = {"steps": run.steps, "tokens": run.tokens}
 
     async def pause(self, ctx: Context, *, reason: str, prompt) -> None:
-        await self.db(domain.attempt_pause, run_id=ctx.run_id, generation=ctx.generation,
-                      reason=reason, prompt=prompt, agent_state=ctx.state,
-                      actor=ctx.entry.pause_actor)
+        ticket = await self.db(domain.attempt_pause, run_id=ctx.run_id,
+                               generation=ctx.generation, reason=reason, prompt=prompt,
+                               agent_state=ctx.state, actor=ctx.entry.pause_actor)
+        why = ctx.token.why
+        if ticket is not None and why is not None and why.kind == "command":
+            # A live-only cancel (no intent) taken while the pause committed: the run is
+            # awaiting now, so the cancel goes the durable path instead of being lost.
+            await self.db(domain.run_cancel, run_id=ctx.run_id, actor=why.actor or "worker",
+                          source=why.source or "worker")
+
+    async def receive(self, ctx: Context):
+        """The next inbox item of the attempt: a message, or None for a wake. Waits for one,
+        racing the token; a pause asked meanwhile is taken here, as at a step boundary."""
+        entry = ctx.entry
+        while True:
+            if entry.pause_requested.is_set():
+                await self.before_step(ctx)
+            item = entry.take()
+            if item is not None:
+                return item.message
+            await ctx.race(entry.arrival())
 
     async def run_sync_tool(self, fn, *args, **kwargs):
         """Run a blocking tool in a daemon thread, at most ``TOOL_THREADS`` at once.
@@ -189,9 +225,12 @@ class Executor:
         if attempt is not None:
             view = await self.db(selectors.attempt_view, run=attempt.run,
                                  generation=attempt.generation)
-            task = self.loop.create_task(
-                self._attempt(str(child.id), attempt.generation, ctx.token.child(), view))
-            self.children.setdefault((ctx.run_id, ctx.generation), []).append((child.id, task))
+            entry = self._register(str(child.id), attempt.generation, view,
+                                   token=ctx.token.child())
+            if entry is not None:
+                task = self.loop.create_task(self._attempt(entry, view))
+                self.children.setdefault((ctx.run_id, ctx.generation), []).append(
+                    (child.id, task))
         return child.id
 
     async def wait_children(self, ctx: Context) -> list[dict]:

@@ -5,7 +5,9 @@ their generation: a command for another generation is NotActive, and a stale att
 cleanup can never remove its replacement.
 """
 
+import asyncio
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 from django.utils import timezone
@@ -18,21 +20,61 @@ class Entry:
     run_id: str
     generation: int
     token: CancellationToken
+    loop: asyncio.AbstractEventLoop | None = None  # the loop the attempt runs on
     pause_requested: threading.Event = field(default_factory=threading.Event)
     pause_actor: str | None = None
+    inbox: deque = field(default_factory=deque)  # InboxItem, oldest first
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    INBOX_LIMIT = 1000  # items waiting at most; a full inbox takes no more
+
+    def post(self, item: "InboxItem | None") -> bool:
+        """From any thread: add ``item`` to the inbox (None only wakes a waiting receive).
+        False if the inbox is full."""
+        if item is not None:
+            if len(self.inbox) >= self.INBOX_LIMIT:
+                return False
+            self.inbox.append(item)
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._arrived.set)
+        return True
+
+    def take(self) -> "InboxItem | None":
+        """On the loop: the oldest item, or None if the inbox is empty."""
+        return self.inbox.popleft() if self.inbox else None
+
+    async def arrival(self) -> None:
+        """On the loop: wait until something is posted (returns at once if the inbox
+        is not empty)."""
+        self._arrived.clear()
+        if not self.inbox:
+            await self._arrived.wait()
+
+
+@dataclass(frozen=True)
+class InboxItem:
+    message: object  # the delivered JSON; None for a wake
 
 
 class Registry:
     def __init__(self):
         self._lock = threading.Lock()
+        self._registered = threading.Condition(self._lock)
         self._entries: dict[str, Entry] = {}
 
-    def register(self, entry: Entry) -> None:
+    def register(self, entry: Entry) -> bool:
+        """Register ``entry``; an older generation of its run here is fenced at once (its
+        token cancelled, its children's with it). False, and nothing changes, if a newer
+        generation is already registered: ``entry`` is stale and must not run."""
         with self._lock:
             current = self._entries.get(entry.run_id)
             if current is not None and current.generation > entry.generation:
-                raise ValueError(f"run {entry.run_id}: generation {current.generation} is newer")
+                return False
             self._entries[entry.run_id] = entry
+            self._registered.notify_all()
+        if current is not None and current.generation < entry.generation:
+            current.token.cancel(Why("fenced", detail=f"replaced by {entry.generation}"))
+        return True
 
     def unregister(self, run_id: str, generation: int) -> bool:
         """Remove the entry only if it is still this generation's."""
@@ -50,8 +92,18 @@ class Registry:
             return None
         return entry
 
+    def wait_for(self, run_id: str, generation: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` for attempt ``generation`` of the run to be registered."""
+        def registered():
+            entry = self._entries.get(str(run_id))
+            return entry is not None and entry.generation >= generation
+
+        with self._registered:
+            return self._registered.wait_for(registered, timeout)
+
     def deliver(self, run_id: str, generation: int | None, command: str, *,
-                actor: str | None = None, source: str | None = None) -> Entry | None:
+                actor: str | None = None, source: str | None = None,
+                message=None) -> Entry | None:
         """Deliver a live command; None means NotActive (nothing changed)."""
         entry = self.get(run_id, generation)
         if entry is None or entry.token.cancelled:
@@ -61,8 +113,12 @@ class Registry:
         elif command == "pause":
             entry.pause_actor = actor
             entry.pause_requested.set()
+            entry.post(None)  # an attempt waiting on its inbox takes the pause at once
         elif command == "wake":
-            pass  # a live attempt takes it; the inbox it would wake is not built yet
+            entry.post(InboxItem(None))
+        elif command == "message":
+            if not entry.post(InboxItem(message)):
+                return None
         else:
             raise ValueError(f"unknown command {command!r}")
         return entry

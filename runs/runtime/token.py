@@ -71,15 +71,30 @@ class CancellationToken:
         child.cancel(Why("parent", detail=why.kind, actor=why.actor, source=why.source))
 
     def wait(self) -> asyncio.Future:
-        """A future of the running loop that resolves when the token is cancelled."""
+        """A future of the running loop that resolves when the token is cancelled.
+
+        Cancel the future when no longer waiting: it then leaves the token, so a token
+        holds only the waits in progress, however many awaits its attempt makes.
+        """
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._lock:
             if self._why is None:
                 self._waiters.append((loop, future))
+                future.add_done_callback(self._forget)
                 return future
         future.set_result(None)
         return future
+
+    def _forget(self, future: asyncio.Future) -> None:
+        with self._lock:
+            self._waiters = [(loop, f) for loop, f in self._waiters if f is not future]
+
+    @property
+    def waiting(self) -> int:
+        """How many waits are in progress."""
+        with self._lock:
+            return len(self._waiters)
 
 
 def _resolve(future: asyncio.Future) -> None:

@@ -42,7 +42,7 @@ def owner_node(owner: str) -> str:
 
 
 def deliver(*, run_id, generation: int, owner: str | None, command: str,
-            actor: str | None = None, source: str | None = None) -> None:
+            actor: str | None = None, source: str | None = None, message=None) -> None:
     """Deliver a live command to attempt ``generation`` held by ``owner`` (the run's claim as
     committed).
 
@@ -54,8 +54,8 @@ def deliver(*, run_id, generation: int, owner: str | None, command: str,
         raise NotActive(f"Run {run_id} has no live attempt.")
     replies = current_app.control.broadcast(
         DELIVER,
-        arguments={"run_id": str(run_id), "generation": generation,
-                   "command": command, "actor": actor, "source": source},
+        arguments={"run_id": str(run_id), "generation": generation, "command": command,
+                   "actor": actor, "source": source, "message": message},
         destination=[owner_node(owner)], reply=True, limit=1,
         timeout=settings.AWAKEN_DELIVERY_TIMEOUT,
     ) or []

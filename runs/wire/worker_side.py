@@ -1,16 +1,25 @@
 """The worker side of the wire: live commands arrive here as a Celery remote-control command.
 
 It runs in the worker's main process, where the executor and its active-attempt registry
-live, finds the attempt by run id and generation, and answers whether it took the command.
+live. A command reaches an attempt only if the attempt is registered here under the
+generation named, and the run's claim, as committed, is still this process's for that
+generation (an attempt the sweeper re-queued meanwhile is not live, whatever the registry
+says). Anything else is NotActive.
 """
 
 from celery.signals import worker_init
 from celery.worker.control import control_command
+from django.db import close_old_connections
 
+from runs.domain import selectors
 from runs.runtime.executor import current_executor
 
 # The node name this process's worker answers to: the destination of live commands.
 node_name: str | None = None
+
+# How long a command for an attempt whose claim just committed here waits for the attempt
+# to be registered (the claim commits a moment before the registration).
+REGISTRATION_WAIT = 0.5
 
 
 @worker_init.connect
@@ -22,12 +31,26 @@ def remember_node_name(sender, **kwargs):
 @control_command(
     args=[("run_id", str), ("generation", int), ("command", str), ("actor", str),
           ("source", str)],
-    signature="<run_id> <generation> <cancel|pause|wake> [actor] [source]",
+    signature="<run_id> <generation> <cancel|pause|wake|message> [actor] [source] [message]",
 )
-def awaken_deliver(state, run_id, generation, command, actor=None, source=None):
+def awaken_deliver(state, run_id, generation, command, actor=None, source=None,
+                   message=None):
+    return {"delivered": deliver(run_id, generation, command, actor=actor, source=source,
+                                 message=message), "generation": generation}
+
+
+def deliver(run_id, generation: int, command: str, **details) -> bool:
     executor = current_executor()
-    entry = None
-    if executor is not None:
-        entry = executor.registry.deliver(run_id, generation, command, actor=actor,
-                                          source=source)
-    return {"delivered": entry is not None, "generation": generation}
+    if executor is None:
+        return False
+    try:
+        holds = selectors.claim_holds(run_id=run_id, generation=generation,
+                                      owner=executor.owner)
+    except Exception:
+        close_old_connections()  # a broken connection is not kept for the next command
+        raise
+    if not holds:
+        return False
+    if executor.registry.get(run_id, generation) is None:
+        executor.registry.wait_for(run_id, generation, REGISTRATION_WAIT)
+    return executor.registry.deliver(run_id, generation, command, **details) is not None

@@ -1,0 +1,335 @@
+"""The seed's guarantees at the edges (SPEC §7.9-13): stale attempts, children of ended or
+lost parents, resume input across a crash, joined requests, the database clock, and the
+worker's side of live delivery. Each test failed before its fix."""
+
+import asyncio
+import threading
+import uuid
+from datetime import timedelta
+from functools import partial
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from runs import domain
+from runs.domain import selectors
+from runs.models import Attempt, ControlIntent, Event, Run, RunState
+from runs.runtime.agent import Context
+from runs.runtime.registry import Entry, Registry
+from runs.runtime.token import CancellationToken, Why
+from runs.wire import worker_side
+from tests.conftest import client_for, db_state, make_user
+from tests.factories import OWNER, awaiting_run, queued_run, running_run
+
+pytestmark = pytest.mark.django_db
+
+
+def expire(run: Run) -> None:
+    """Make the run's live attempt's lease run out (as if its worker froze)."""
+    Attempt.objects.filter(run=run, state="live").update(
+        lease_expires_at=timezone.now() - timedelta(minutes=5))
+
+
+def child_of(parent: Run, *, running: bool) -> Run:
+    run = queued_run(parent_id=parent.id)
+    if running:
+        domain.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=30)
+    return Run.objects.get(pk=run.id)
+
+
+# --- live commands reach only the attempt that holds the claim (SPEC §4, §7.6) -----------------
+
+
+class FakeExecutor:
+    def __init__(self):
+        self.owner = OWNER
+        self.registry = Registry()
+
+
+@pytest.fixture
+def executor(monkeypatch):
+    fake = FakeExecutor()
+    monkeypatch.setattr(worker_side, "current_executor", lambda: fake)
+    return fake
+
+
+def test_a_live_command_to_a_re_queued_attempt_is_not_active(executor):
+    run, generation = running_run()
+    entry = Entry(str(run.id), generation, CancellationToken())
+    executor.registry.register(entry)
+    expire(run)
+    assert domain.sweep()["requeued"] == 1  # the claim is gone; the registry still has it
+    assert not worker_side.deliver(str(run.id), generation, "pause", actor="olga")
+    assert not entry.pause_requested.is_set()
+    assert not worker_side.deliver(str(run.id), generation, "cancel")
+    assert not entry.token.cancelled
+
+
+def test_a_live_command_to_the_claim_holder_is_delivered(executor):
+    run, generation = running_run()
+    entry = Entry(str(run.id), generation, CancellationToken())
+    executor.registry.register(entry)
+    assert worker_side.deliver(str(run.id), generation, "cancel", actor="olga")
+    assert entry.token.why.actor == "olga"
+
+
+def test_a_command_that_arrives_before_its_attempt_registers_waits_for_it(executor):
+    run, generation = running_run()  # claimed: the claim commits before registration
+    entry = Entry(str(run.id), generation, CancellationToken())
+    threading.Timer(0.05, executor.registry.register, args=(entry,)).start()
+    assert worker_side.deliver(str(run.id), generation, "cancel")
+    assert entry.token.cancelled
+
+
+def test_a_newer_generation_fences_the_one_it_replaces():
+    registry = Registry()
+    old, new = (Entry("r", n, CancellationToken()) for n in (1, 2))
+    child = old.token.child()
+    registry.register(old)
+    assert registry.register(new)
+    assert old.token.why.kind == "fenced" and child.cancelled
+    assert not new.token.cancelled
+    assert not registry.register(Entry("r", 1, CancellationToken()))  # stale: refused
+
+
+# --- sweeper and renewal, on the database's clock (SPEC §6) --------------------------------
+
+
+def test_a_renewal_after_the_sweep_reports_the_attempt_fenced():
+    run, generation = running_run()
+    expire(run)
+    assert domain.attempt_expire(run_id=run.id, generation=generation,
+                                 max_crash_retries=3) == "requeued"
+    renewal = domain.attempt_renew(owner=OWNER, attempts=[(run.id, generation)],
+                                   lease_seconds=30)
+    assert renewal.renewed == set()
+
+
+def test_a_renewed_lease_is_not_expired_by_a_sweep():
+    run, generation = running_run()
+    expire(run)
+    domain.attempt_renew(owner=OWNER, attempts=[(run.id, generation)], lease_seconds=30)
+    assert domain.attempt_expire(run_id=run.id, generation=generation,
+                                 max_crash_retries=3) is None
+    assert Run.objects.get(pk=run.id).state == RunState.RUNNING
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_sweeper_and_renewal_racing_never_both_win(gang):
+    """8 threads: half expire the attempt, half renew it, from an expired lease."""
+    threads = gang(8)
+    for _ in range(40):
+        run, generation = running_run()
+        expire(run)
+        sweep = partial(domain.attempt_expire, run_id=run.id, generation=generation,
+                        max_crash_retries=3)
+        renew = partial(domain.attempt_renew, owner=OWNER, attempts=[(run.id, generation)],
+                        lease_seconds=30)
+        results = threads.run([sweep] * 4 + [renew] * 4)
+        renewed = any((str(run.id), generation) in r.renewed for r in results[4:])
+        expired = [r for r in results[:4] if r is not None]
+        assert len(expired) <= 1, expired
+        attempt = Attempt.objects.get(run=run, generation=generation)
+        assert not (renewed and expired), (renewed, expired)
+        assert (attempt.state == "live") == (not expired)
+
+
+def test_leases_are_compared_on_the_database_clock(monkeypatch):
+    run, generation = running_run()
+    domain.attempt_renew(owner=OWNER, attempts=[(run.id, generation)], lease_seconds=30)
+    skewed = timezone.now() + timedelta(hours=1)  # this host's clock runs an hour fast
+    monkeypatch.setattr("django.utils.timezone.now", lambda: skewed)
+    assert domain.sweep()["requeued"] == 0
+    assert Run.objects.get(pk=run.id).state == RunState.RUNNING
+
+
+def test_a_claim_sets_its_lease_by_the_database_clock(monkeypatch):
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite lives on one host: its clock is the host's")
+    skewed = timezone.now() - timedelta(hours=1)  # this host's clock runs an hour slow
+    run = queued_run()
+    monkeypatch.setattr("django.utils.timezone.now", lambda: skewed)
+    domain.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=30)
+    monkeypatch.undo()
+    assert domain.sweep()["requeued"] == 0
+
+
+# --- children never run on under an ended or lost parent (SPEC §7.10) ------------------------
+
+
+def test_cancelling_an_awaiting_parent_cancels_its_children_each_with_an_intent():
+    parent, generation = running_run()
+    running_child = child_of(parent, running=True)
+    queued_child = child_of(parent, running=False)
+    grandchild = child_of(queued_child, running=False)
+    finished = child_of(parent, running=False)
+    domain.run_cancel(run_id=finished.id, actor="olga", source="api")
+    domain.attempt_pause(run_id=parent.id, generation=generation)
+
+    domain.run_cancel(run_id=parent.id, actor="olga", source="ui")
+
+    for child in (queued_child, grandchild):
+        child = Run.objects.select_related("control").get(pk=child.id)
+        assert (child.state, child.end_cause) == ("ended", "cancelled")
+        assert child.control.requested_by == "olga" and child.control.source == "ui"
+    assert Run.objects.get(pk=queued_child.id).control.caused_by_id == parent.id
+    assert Run.objects.get(pk=grandchild.id).control.caused_by_id == queued_child.id
+    live = Run.objects.select_related("control").get(pk=running_child.id)
+    assert live.state == "running" and live.control.applied_at is None  # told live
+    assert live.control.caused_by_id == parent.id
+    assert str(parent.id)[:8] in live.control.reason
+    assert ControlIntent.objects.filter(run=finished).count() == 1  # ended: left alone
+
+
+def test_a_parent_that_completes_cancels_the_children_it_left_running():
+    parent, generation = running_run()
+    child = child_of(parent, running=False)
+    domain.attempt_finish(run_id=parent.id, generation=generation,
+                          ending=domain.Ending.completed({"ok": True}))
+    child = Run.objects.select_related("control").get(pk=child.id)
+    assert child.end_cause == "cancelled" and child.control.caused_by_id == parent.id
+    assert child.control.requested_by == "worker"
+
+
+def test_a_lost_parent_attempt_cancels_its_children_with_a_record():
+    parent, generation = running_run()
+    child = child_of(parent, running=False)
+    expire(parent)
+    assert domain.sweep()["requeued"] == 1
+    child = Run.objects.select_related("control").get(pk=child.id)
+    assert child.end_cause == "cancelled"
+    assert "lost its attempt" in child.control.reason
+    assert child.control.caused_by_id == parent.id
+
+
+def test_a_child_cancelled_with_its_fenced_parent_ends_with_a_record_of_why():
+    parent, _ = running_run()
+    child = child_of(parent, running=True)
+    assert domain.attempt_parent_gone(run_id=child.id, generation=1, parent_id=parent.id,
+                                      why="fenced")
+    child = Run.objects.select_related("control").get(pk=child.id)
+    assert child.end_cause == "cancelled"
+    assert child.control.caused_by_id == parent.id
+    assert (child.control.requested_by, child.control.source) == ("worker", "worker")
+    ended = Event.objects.get(run=child, kind="ended")
+    assert (ended.actor, ended.source) == ("worker", "worker")
+
+
+# --- resume input survives a crash until the next step (SPEC §7.11) ---------------------------
+
+
+def test_resume_input_reaches_the_attempt_after_a_crash():
+    run, ticket = awaiting_run()
+    domain.run_resume(run_id=run.id, ticket_id=ticket, input={"approved": True},
+                      actor="olga", source="api")
+    attempt = domain.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=30)
+    expire(run)
+    assert domain.sweep()["requeued"] == 1  # the worker died before the next step
+    again = domain.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=30)
+    assert again.generation == attempt.generation + 1
+    view = selectors.attempt_view(run=again.run, generation=again.generation)
+    assert view.resume == ("manual_pause", {"approved": True})
+
+    domain.attempt_step(run_id=run.id, generation=again.generation)
+    expire(run)
+    domain.sweep()
+    third = domain.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=30)
+    assert selectors.attempt_view(run=third.run, generation=third.generation).resume is None
+
+
+# --- every control request is recorded, joined ones too (SPEC §7.12) --------------------------
+
+
+def test_a_request_that_joins_a_pending_one_is_recorded():
+    run, _ = running_run()
+    first = domain.run_cancel(run_id=run.id, actor="olga", source="ui")
+    second = domain.run_stop(run_id=run.id, actor="bob", source="api", reason="too slow")
+    assert second.intent == first.intent and second.path == "live"
+    joined = Event.objects.filter(run=run).order_by("-seq").first()
+    assert (joined.kind, joined.actor, joined.source) == ("stop_requested", "bob", "api")
+    assert joined.data == {"reason": "too slow", "stop_code": "operator",
+                           "joined": first.intent.pk}
+    assert ControlIntent.objects.filter(run=run).count() == 1
+
+
+# --- an attempt's memory does not grow with its awaits (SPEC §7.13) ----------------------------
+
+
+def test_a_token_holds_only_the_waits_in_progress():
+    token = CancellationToken()
+
+    class Host:
+        pass
+
+    ctx = Context(run_id="r", generation=1, input={}, state={}, resume=None, token=token,
+                  host=Host())
+
+    async def many():
+        for _ in range(10_000):
+            await ctx.race(asyncio.sleep(0))
+
+    asyncio.run(many())
+    assert token.waiting == 0
+
+
+# --- pause answers, live delivery input ---------------------------------------------------------
+
+
+@pytest.fixture
+def api(db):
+    return client_for(make_user("olga", "operator"))
+
+
+def test_pause_of_a_run_that_ends_before_its_boundary_is_not_active(api, monkeypatch):
+    run, generation = running_run()
+
+    def attempt_ends_instead(**kwargs):
+        domain.attempt_finish(run_id=run.id, generation=generation,
+                              ending=domain.Ending.completed())
+
+    monkeypatch.setattr("runs.wire.web_side.deliver", attempt_ends_instead)
+    response = api.post(f"/api/runs/{run.id}/pause/?wait=0")
+    assert response.status_code == 409
+    body = response.json()
+    assert body["code"] == "not_active"
+    assert body["run"]["state"] == "ended" and body["run"]["id"] == str(run.id)
+
+
+def test_pause_of_a_run_that_is_not_running_is_not_active_with_the_run(api):
+    run = queued_run()
+    response = api.post(f"/api/runs/{run.id}/pause/?wait=0")
+    assert response.status_code == 409
+    assert response.json()["code"] == "not_active"
+    assert response.json()["run"]["state"] == "queued"
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"command": "message", "message": {"text": "x" * (64 * 1024)}}, "message"),
+    ({"command": "wake", "message": {"text": "hi"}}, "message"),
+    ({"command": "message", "message": "nul \u0000"}, "message"),
+    ({"command": "shout"}, "command"),
+])
+def test_bad_live_deliveries_are_refused_and_change_nothing(api, body, field):
+    run, _ = running_run()
+    before = db_state()
+    response = api.post(f"/api/runs/{run.id}/deliver/", body, format="json")
+    assert response.status_code == 400, response.json()
+    assert response.json()["code"] == "invalid"
+    assert field in response.json()["detail"]
+    assert db_state() == before
+
+
+def test_inbox_items_arrive_in_order_and_a_wake_is_an_empty_item():
+    registry = Registry()
+    loop = asyncio.new_event_loop()
+    entry = Entry(str(uuid.uuid4()), 1, CancellationToken(), loop=loop)
+    registry.register(entry)
+    assert registry.deliver(entry.run_id, 1, "message", message={"n": 1}) is entry
+    assert registry.deliver(entry.run_id, 1, "wake") is entry
+    assert registry.deliver(entry.run_id, 2, "message", message={"n": 2}) is None
+    assert [item.message for item in entry.inbox] == [{"n": 1}, None]
+    entry.token.cancel(Why("command"))
+    assert registry.deliver(entry.run_id, 1, "message", message={"n": 3}) is None
+    loop.close()
