@@ -100,6 +100,29 @@ def test_pause_and_resume(operator_page):
     assert operator_page.text_content(f'{row} [data-field="generation"]') == "2"
 
 
+# The control buttons a row shows, as the user sees them (a CSS rule may not unhide them).
+SHOWN = """row => [...document.querySelector(row).querySelectorAll('button[data-action]')]
+    .filter(button => button.checkVisibility()).map(button => button.dataset.action).join(' ')"""
+
+
+def test_a_rows_buttons_follow_the_pushed_actions(operator_page, embedded_site):
+    status, run = embedded_site.call("POST", "/api/runs/", {
+        "agent": "demo.steps", "input": {"steps": 40, "step_seconds": 0.3}})
+    assert status == 201
+    row = f'tr.run[data-run-id="{run["id"]}"]'
+    operator_page.wait_for_selector(f'{row}[data-state="running"]')
+    assert operator_page.evaluate(SHOWN, row) == "pause cancel stop"
+    status, _ = embedded_site.call("POST", f"/api/runs/{run['id']}/pause/?wait=5")
+    assert status == 200
+    operator_page.wait_for_selector(f'{row}[data-state="awaiting"]')
+    assert operator_page.evaluate(SHOWN, row) == "resume cancel stop"
+    assert operator_page.get_attribute(row, "data-actions") == "resume cancel stop"
+    embedded_site.call("POST", f"/api/runs/{run['id']}/cancel/")
+    operator_page.wait_for_selector(f'{row}[data-end-cause="cancelled"]')
+    assert operator_page.evaluate(SHOWN, row) == ""
+    assert operator_page.get_attribute(row, "data-actions") == ""
+
+
 def test_a_runs_page_shows_its_timeline_live(operator_page, embedded_site):
     row = start_from_form(operator_page, "demo.parent",
                           '{"children": 2, "child_agent": "demo.hang"}')
