@@ -137,6 +137,18 @@ def test_a_runs_page_shows_its_timeline_live(operator_page, embedded_site):
     assert operator_page.is_visible("text=Control requests")
 
 
+def test_stop_on_a_runs_page_asks_for_a_reason(operator_page, embedded_site):
+    _, run = embedded_site.call("POST", "/api/runs/", {"agent": "demo.hang"})
+    operator_page.goto(f"{embedded_site.base}/runs/{run['id']}/")
+    row = f'tr.run[data-run-id="{run["id"]}"]'
+    operator_page.wait_for_selector(f'{row}[data-state="running"]')
+    operator_page.click(f'{row} [data-action="stop"]')
+    operator_page.fill('[name="reason"]', "seen enough")
+    operator_page.click('[data-action="confirm-stop"]')
+    operator_page.wait_for_selector(f'{row}[data-end-cause="stopped"]')
+    assert operator_page.text_content(f'{row} [data-field="reason"]') == "seen enough"
+
+
 def test_the_screenshot_for_the_readme(operator_page):
     start_from_form(operator_page, "demo.steps", '{"steps": 30, "step_seconds": 1}')
     operator_page.wait_for_selector('tr.run[data-state="running"]')

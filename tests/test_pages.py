@@ -138,11 +138,16 @@ def test_not_active_answers_are_counted(operator):
 
 
 def test_the_page_hooks_are_unambiguous():
-    queued_run()
-    page = browser_for(make_user("olga", "operator")).get("/").content.decode()
+    run = queued_run()
+    client = browser_for(make_user("olga", "operator"))
+    page = client.get("/").content.decode()
     for hook in ('name="agent"', 'name="input"', 'name="reason"', 'data-action="create"',
                  'data-action="confirm-stop"'):
         assert page.count(hook) == 1, hook
+    run_page = client.get(f"/runs/{run.id}/").content.decode()
+    for hook in ('data-action="stop"', 'name="reason"', 'data-action="confirm-stop"',
+                 'data-action="confirm-resume"'):
+        assert run_page.count(hook) == 1, hook
 
 
 def test_a_row_shows_exactly_the_buttons_its_state_allows():
