@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 PORT ?= 8000
 
-.PHONY: run test lint install clean
+.PHONY: run test lint screenshot install clean
 
 install: $(STAMP)
 
@@ -42,3 +42,8 @@ clean:
 lint: $(STAMP)
 	$(BIN)/ruff check runs awaken_site harness tests
 	$(BIN)/lint-imports
+
+## Redraw docs/operator-page.png, the README's picture of the operator page, with Debian's
+## chromium (the command starts an embedded site of its own, in a temporary directory).
+screenshot: $(STAMP) var/secret_key
+	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py screenshot

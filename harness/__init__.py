@@ -1,2 +1,3 @@
 """The development harness: the system's processes started as a user would start them
-(daphne, Celery workers, the embedded site), for the tests and ``manage.py bench``."""
+(daphne, Celery workers, the embedded site), for the tests, ``manage.py bench`` and
+``manage.py screenshot``."""

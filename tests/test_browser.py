@@ -3,12 +3,15 @@ embedded site started as a separate process."""
 
 import os
 import re
-from pathlib import Path
+import struct
+import subprocess
+import sys
 
 import pytest
 
+from tests.workers import ROOT
+
 CHROMIUM = "/usr/bin/chromium"
-SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "operator-page.png"
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason="needs Debian's chromium (apt-get install chromium)")
@@ -100,6 +103,29 @@ def test_pause_and_resume(operator_page):
     assert operator_page.text_content(f'{row} [data-field="generation"]') == "2"
 
 
+# The control buttons a row shows, as the user sees them (a CSS rule may not unhide them).
+SHOWN = """row => [...document.querySelector(row).querySelectorAll('button[data-action]')]
+    .filter(button => button.checkVisibility()).map(button => button.dataset.action).join(' ')"""
+
+
+def test_a_rows_buttons_follow_the_pushed_actions(operator_page, embedded_site):
+    status, run = embedded_site.call("POST", "/api/runs/", {
+        "agent": "demo.steps", "input": {"steps": 40, "step_seconds": 0.3}})
+    assert status == 201
+    row = f'tr.run[data-run-id="{run["id"]}"]'
+    operator_page.wait_for_selector(f'{row}[data-state="running"]')
+    assert operator_page.evaluate(SHOWN, row) == "pause cancel stop"
+    status, _ = embedded_site.call("POST", f"/api/runs/{run['id']}/pause/?wait=5")
+    assert status == 200
+    operator_page.wait_for_selector(f'{row}[data-state="awaiting"]')
+    assert operator_page.evaluate(SHOWN, row) == "resume cancel stop"
+    assert operator_page.get_attribute(row, "data-actions") == "resume cancel stop"
+    embedded_site.call("POST", f"/api/runs/{run['id']}/cancel/")
+    operator_page.wait_for_selector(f'{row}[data-end-cause="cancelled"]')
+    assert operator_page.evaluate(SHOWN, row) == ""
+    assert operator_page.get_attribute(row, "data-actions") == ""
+
+
 def test_a_runs_page_shows_its_timeline_live(operator_page, embedded_site):
     row = start_from_form(operator_page, "demo.parent",
                           '{"children": 2, "child_agent": "demo.hang"}')
@@ -114,12 +140,30 @@ def test_a_runs_page_shows_its_timeline_live(operator_page, embedded_site):
     assert operator_page.is_visible("text=Control requests")
 
 
-def test_the_screenshot_for_the_readme(operator_page):
-    start_from_form(operator_page, "demo.steps", '{"steps": 30, "step_seconds": 1}')
-    operator_page.wait_for_selector('tr.run[data-state="running"]')
-    SCREENSHOT.parent.mkdir(exist_ok=True)
-    operator_page.screenshot(path=str(SCREENSHOT))
-    assert SCREENSHOT.stat().st_size > 10_000
+def test_stop_on_a_runs_page_asks_for_a_reason(operator_page, embedded_site):
+    _, run = embedded_site.call("POST", "/api/runs/", {"agent": "demo.hang"})
+    operator_page.goto(f"{embedded_site.base}/runs/{run['id']}/")
+    row = f'tr.run[data-run-id="{run["id"]}"]'
+    operator_page.wait_for_selector(f'{row}[data-state="running"]')
+    operator_page.click(f'{row} [data-action="stop"]')
+    operator_page.fill('[name="reason"]', "seen enough")
+    operator_page.click('[data-action="confirm-stop"]')
+    operator_page.wait_for_selector(f'{row}[data-end-cause="stopped"]')
+    assert operator_page.text_content(f'{row} [data-field="reason"]') == "seen enough"
+
+
+def test_the_screenshot_command_draws_the_operator_page(tmp_path):
+    # `make screenshot` redraws the README's picture; here it draws into a temporary file.
+    output = tmp_path / "operator-page.png"
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "screenshot", "--output", str(output)], cwd=ROOT,
+        env={**env, "SECRET_KEY": "screenshot-test"}, capture_output=True, text=True,
+        timeout=180)
+    assert result.returncode == 0, result.stderr
+    png = output.read_bytes()
+    assert png.startswith(b"\x89PNG") and struct.unpack(">II", png[16:24]) == (1280, 800)
+    assert len(png) > 10_000
 
 
 def test_a_viewer_sees_no_controls(browser, embedded_site):

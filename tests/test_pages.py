@@ -3,18 +3,40 @@
 import re
 import subprocess
 import sys
+from html.parser import HTMLParser
 
 import pytest
 
 from runs import domain as services
 from tests.conftest import browser_for, make_user
-from tests.factories import queued_run
+from tests.factories import awaiting_run, queued_run, running_run
 from tests.workers import ROOT
 
 pytestmark = pytest.mark.django_db
 
 ROW = re.compile(r'<tr class="run" data-run-id="[0-9a-f-]{36}"')
 
+
+class Rows(HTMLParser):
+    """The run rows of a page: per run id, its ``data-actions`` and the actions of the
+    control buttons it shows (those without the ``hidden`` attribute)."""
+
+    def __init__(self, html: str):
+        super().__init__()
+        self.rows, self.row = {}, None
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "tr" and attrs.get("class") == "run":
+            self.row = self.rows[attrs["data-run-id"]] = {"data-actions": attrs["data-actions"],
+                                                           "shown": []}
+        elif tag == "button" and self.row is not None and "hidden" not in attrs:
+            self.row["shown"].append(attrs["data-action"])
+
+    def handle_endtag(self, tag):
+        if tag == "tr":
+            self.row = None
 
 
 def test_anonymous_visitors_are_sent_to_the_login_form():
@@ -116,8 +138,31 @@ def test_not_active_answers_are_counted(operator):
 
 
 def test_the_page_hooks_are_unambiguous():
-    queued_run()
-    page = browser_for(make_user("olga", "operator")).get("/").content.decode()
+    run = queued_run()
+    client = browser_for(make_user("olga", "operator"))
+    page = client.get("/").content.decode()
     for hook in ('name="agent"', 'name="input"', 'name="reason"', 'data-action="create"',
                  'data-action="confirm-stop"'):
         assert page.count(hook) == 1, hook
+    run_page = client.get(f"/runs/{run.id}/").content.decode()
+    for hook in ('data-action="stop"', 'name="reason"', 'data-action="confirm-stop"',
+                 'data-action="confirm-resume"'):
+        assert run_page.count(hook) == 1, hook
+
+
+def test_a_row_shows_exactly_the_buttons_its_state_allows():
+    queued = queued_run()
+    running, _ = running_run()
+    awaiting, _ = awaiting_run()
+    ended = queued_run()
+    services.run_cancel(run_id=ended.id, actor="olga", source="api")
+    expected = {queued.id: ["cancel", "stop"], running.id: ["pause", "cancel", "stop"],
+                awaiting.id: ["resume", "cancel", "stop"], ended.id: []}
+    client = browser_for(make_user("olga", "operator"))
+    rows = Rows(client.get("/").content.decode()).rows
+    assert rows.pop("") == {"data-actions": "", "shown": []}  # the template new rows clone
+    assert rows == {str(run_id): {"data-actions": " ".join(actions), "shown": actions}
+                    for run_id, actions in expected.items()}
+    for run_id, actions in expected.items():
+        page = Rows(client.get(f"/runs/{run_id}/").content.decode()).rows
+        assert page[str(run_id)]["shown"] == actions

@@ -23,3 +23,10 @@ def event_note(event) -> str:
     """The why of an event, if it has one: a request's reason, a stop's, or an error."""
     data = event.data or {}
     return data.get("reason") or data.get("stop_reason") or data.get("error") or ""
+
+
+@register.filter
+def allows(run, action) -> bool:
+    """Whether ``run``'s state allows ``action`` (``Run.allowed_actions``); with no run, as
+    in the row template the page clones, nothing is allowed."""
+    return run is not None and action in run.allowed_actions

@@ -1,6 +1,7 @@
 // The operator page and a run's page: live rows from the websocket, controls over the REST API.
 // Rows are rendered by the server (templates/runs/_run_row.html); this module only patches
-// their fields and data attributes, and clones the same partial for runs that appear.
+// their fields, data attributes and shown buttons, and clones the same partial for runs that
+// appear.
 
 const $ = (selector, root = document) => root.querySelector(selector);
 
@@ -38,14 +39,22 @@ function setField(row, name, text) {
   if (node && node.textContent !== text) node.textContent = text;
 }
 
+// Show exactly the control buttons of the actions the server allows (the run's `actions`).
+function showActions(row, actions) {
+  for (const button of row.querySelectorAll("button[data-action]")) {
+    button.hidden = !actions.includes(button.dataset.action);
+  }
+}
+
 // Apply a committed snapshot of a run to its row; never step back to an older version.
 function patchRow(row, run) {
   if (row.dataset.runId === run.id && Number(row.dataset.version) >= run.version) return false;
   Object.assign(row.dataset, {
     runId: run.id, state: run.state, endCause: run.end_cause || "", version: String(run.version),
     agent: run.agent, thread: run.thread_id, ticket: run.ticket ? run.ticket.id : "",
-    ticketReason: run.ticket ? run.ticket.reason : "",
+    ticketReason: run.ticket ? run.ticket.reason : "", actions: run.actions.join(" "),
   });
+  showActions(row, run.actions);
   setField(row, "short-id", run.id.slice(0, 8));
   setField(row, "agent", run.agent);
   setField(row, "thread", run.thread_id);
