@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
+from harness.processes import ROOT
 from runs import domain as services
 from tests.conftest import browser_for, make_user
 from tests.factories import queued_run
-from tests.workers import ROOT
 
 pytestmark = pytest.mark.django_db
 

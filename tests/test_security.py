@@ -10,9 +10,9 @@ import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, resolve
 
+from harness.processes import ROOT
 from tests.conftest import client_for
 from tests.factories import queued_run
-from tests.workers import ROOT
 
 pytestmark = pytest.mark.django_db
 
