@@ -153,9 +153,12 @@ def test_cancel_racing_natural_completion_ends_exactly_once(worker, api):
 
 
 @pytest.mark.parametrize("budget, input, code", [
-    ({"max_steps": 2}, {"steps": 5, "step_seconds": 0.01}, "max_steps"),
-    ({"max_tokens": 150}, {"steps": 5, "step_seconds": 0.01}, "max_tokens"),
-    ({"max_seconds": 0.3}, {"steps": 100, "step_seconds": 0.05}, "max_seconds"),
+    pytest.param({"max_steps": 2}, {"steps": 5, "step_seconds": 0.01}, "max_steps",
+                 id="max_steps"),
+    pytest.param({"max_tokens": 150}, {"steps": 5, "step_seconds": 0.01}, "max_tokens",
+                 id="max_tokens"),
+    pytest.param({"max_seconds": 0.3}, {"steps": 100, "step_seconds": 0.05}, "max_seconds",
+                 id="max_seconds"),
 ])
 def test_each_budget_stops_the_run_with_its_code(worker, api, budget, input, code):
     run_id = create(api, "demo.steps", input, budget=budget)
