@@ -8,6 +8,7 @@ from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from harness.processes import EmbeddedSite, Processes, Worker
 from runs.models import Attempt, ControlIntent, Event, ResumeTicket, Run
 
 ON_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
@@ -144,6 +145,8 @@ def gang():
 
 
 HAS_SERVICES = ON_POSTGRES and bool(settings.REDIS_URL)
+# The lease of the tests' workers: a lost worker's runs come back within seconds.
+LEASE_SECONDS = 1.5
 
 
 @pytest.fixture(scope="session")
@@ -151,56 +154,29 @@ def worker(django_db_setup, django_db_blocker):
     """A worker process shared by the execution tests (PostgreSQL and Redis only)."""
     if not HAS_SERVICES:
         pytest.skip("needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL)")
-    from tests.workers import Worker
-
     with django_db_blocker.unblock():
-        process = Worker("shared")
-    yield process
-    process.stop()
+        process = Worker("shared", lease_seconds=LEASE_SECONDS).wait_ready()
+    with process:
+        yield process
 
 
 @pytest.fixture
 def spare_worker(django_db_blocker):
-    """A worker of one test's own, to kill or freeze."""
+    """Workers of one test's own, to kill or freeze: ``spare_worker(**Worker options)``."""
     if not HAS_SERVICES:
         pytest.skip("needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL)")
-    from tests.workers import Worker
 
-    started = []
+    with Processes() as started:
+        def start(**options) -> Worker:
+            with django_db_blocker.unblock():
+                process = started.add(Worker(**{"lease_seconds": LEASE_SECONDS, **options}))
+                return process.wait_ready()
 
-    def start(**kwargs):
-        with django_db_blocker.unblock():
-            started.append(Worker(**kwargs))
-        return started[-1]
-
-    yield start
-    for process in started:
-        process.stop()
-
-
-def wait_for(condition, timeout: float = 10.0, what: str = "condition"):
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout``."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+        yield start
 
 
 @pytest.fixture(scope="session")
 def embedded_site(tmp_path_factory):
     """One ``manage.py serve`` for the session: SQLite, in-memory broker and layer."""
-    from tests.sites import EmbeddedSite
-
-    site = EmbeddedSite(tmp_path_factory.mktemp("embedded"))
-    try:
-        wait_for(site.healthy, 40, "the embedded site to start")
-        site.ready()
-        yield site
-    finally:
-        site.stop()
+    with EmbeddedSite(tmp_path_factory.mktemp("embedded")) as site:
+        yield site.wait_ready(40)

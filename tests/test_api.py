@@ -1,12 +1,19 @@
 """The REST contract of API.md: shapes, status codes, error codes, who may do what."""
 
+import json
 import uuid
+from datetime import timedelta
 
 import pytest
 import yaml
+from django.utils import timezone
+from rest_framework import serializers
+from rest_framework.test import APIClient
+from rest_framework.utils.encoders import JSONEncoder
 
 from runs import domain as services
-from runs.models import Run
+from runs.api.serializers import EventSerializer, RunSerializer
+from runs.models import Event, Run
 from tests.conftest import browser_for, client_for, db_state
 from tests.factories import awaiting_run, queued_run, running_run
 
@@ -189,126 +196,141 @@ def some_runs(db):
     return {"queued": queued, "awaiting": awaiting}
 
 
-def error_cases(runs):
-    q, a = runs["queued"].id, runs["awaiting"].id
-    unknown = uuid.uuid4()
-    return [
-        ("op", "get", f"/api/runs/{unknown}/", None, 404, "not_found"),
-        ("op", "get", "/api/runs/not-a-uuid/", None, 404, "not_found"),
-        ("op", "post", "/api/runs/not-a-uuid/cancel/", {}, 404, "not_found"),
-        ("op", "post", f"/api/runs/{unknown}/cancel/", {}, 404, "not_found"),
-        ("op", "get", f"/api/runs/{unknown}/events/", None, 404, "not_found"),
-        ("op", "get", "/api/nothing-here/", None, 404, "not_found"),
-        ("op", "post", "/api/runs/", "{not json", 400, "parse_error"),
-        ("op", "post", "/api/runs/", {"agent": "no.such.agent"}, 400, "invalid"),
-        ("op", "post", "/api/runs/", {"input": {}}, 400, "invalid"),
-        ("op", "post", "/api/runs/", {"agent": "demo.steps", "input": "text"}, 400, "invalid"),
-        ("op", "post", "/api/runs/", {"agent": "demo.steps", "budget": {"max_steps": -1}},
-         400, "invalid"),
-        ("op", "post", "/api/runs/", {"agent": "demo.steps", "budget": "lots"}, 400, "invalid"),
-        ("op", "post", "/api/runs/", {"agent": "demo.steps", "budget": {"max_steps": 2**66}},
-         400, "invalid"),
-        ("op", "post", "/api/runs/", {"agent": "demo.steps", "start_after": "tomorrow"},
-         400, "invalid"),
-        ("op", "post", "/api/runs/", {"agent": "demo.steps", "colour": "red"}, 400, "invalid"),
-        ("op", "post", "/api/runs/", [1, 2], 400, "invalid"),
-        ("op", "post", "/api/runs/batch/", {"runs": []}, 400, "invalid"),
-        ("op", "post", "/api/runs/batch/", {"runs": [{"agent": "demo.steps"}] * 501}, 400,
-         "invalid"),
-        ("op", "post", "/api/runs/batch/", {"runs": [{"agent": "demo.steps"},
-                                                     {"agent": "no.such.agent"}]}, 400, "invalid"),
-        ("op", "post", "/api/runs/batch/", {"runs": [{"agent": "demo.steps", "colour": 1}]}, 400,
-         "invalid"),
-        ("op", "post", "/api/runs/batch/", {"runs": [{"agent": "demo.steps"},
-                                                     {"agent": "demo.steps",
-                                                      "parent_id": str(unknown)}]}, 400,
-         "invalid"),
-        ("op", "post", "/api/runs/batch/", {"runs": [{"agent": "demo.steps",
-                                                      "budget": {"max_tokens": 0}}]}, 400,
-         "invalid"),
-        ("op", "post", "/api/runs/batch/", {"agent": "demo.steps"}, 400, "invalid"),
-        ("op", "post", "/api/runs/batch/", "[", 400, "parse_error"),
-        ("viewer", "post", "/api/runs/batch/", {"runs": [{"agent": "demo.steps"}]}, 403,
-         "permission_denied"),
-        ("anon", "post", "/api/runs/batch/", {"runs": [{"agent": "demo.steps"}]}, 401,
-         "not_authenticated"),
-        ("op", "post", f"/api/runs/{q}/stop/", {}, 400, "invalid"),
-        ("op", "post", f"/api/runs/{q}/stop/", {"reason": ""}, 400, "invalid"),
-        ("op", "post", f"/api/runs/{q}/stop/", {"reason": "x" * 501}, 400, "invalid"),
-        ("op", "post", f"/api/runs/{q}/cancel/", {"reason": "x" * 501}, 400, "invalid"),
-        ("op", "post", f"/api/runs/{q}/cancel/?wait=31", {}, 400, "invalid"),
-        ("op", "post", f"/api/runs/{q}/cancel/?wait=soon", {}, 400, "invalid"),
-        ("op", "post", f"/api/runs/{q}/cancel/", "{", 400, "parse_error"),
-        ("op", "get", "/api/runs/?state=bogus", None, 400, "invalid"),
-        ("op", "get", "/api/runs/?limit=0", None, 400, "invalid"),
-        ("op", "get", "/api/runs/?cursor=%%%", None, 400, "invalid"),
-        ("op", "get", "/api/events/?after=-1", None, 400, "invalid"),
-        ("op", "get", "/api/events/?limit=1001", None, 400, "invalid"),
-        ("op", "post", f"/api/runs/{q}/resume/", {"ticket": str(unknown)}, 409, "not_awaiting"),
-        ("op", "post", f"/api/runs/{a}/resume/", {"ticket": str(unknown)}, 409,
-         "ticket_mismatch"),
-        ("op", "post", f"/api/runs/{a}/resume/", {"ticket": "nope"}, 400, "invalid"),
-        ("op", "post", f"/api/runs/{a}/resume/", {"ticket": str(unknown), "input": "\x00"},
-         400, "invalid"),
-        ("viewer", "post", "/api/runs/", {"agent": "demo.steps"}, 403, "permission_denied"),
-        ("viewer", "post", f"/api/runs/{q}/cancel/", {}, 403, "permission_denied"),
-        ("viewer", "post", f"/api/runs/{q}/stop/", {"reason": "r"}, 403, "permission_denied"),
-        ("viewer", "post", f"/api/runs/{a}/resume/", {"ticket": str(unknown)}, 403,
-         "permission_denied"),
-        ("stranger", "get", "/api/runs/", None, 403, "permission_denied"),
-        ("anon", "get", "/api/runs/", None, 401, "not_authenticated"),
-        ("anon", "get", f"/api/runs/{q}/", None, 401, "not_authenticated"),
-        ("anon", "get", "/api/events/", None, 401, "not_authenticated"),
-        ("anon", "get", "/api/schema/", None, 401, "not_authenticated"),
-        ("anon", "post", f"/api/runs/{q}/cancel/", {}, 401, "not_authenticated"),
-        ("anon", "post", "/api/runs/", {"agent": "demo.steps"}, 401, "not_authenticated"),
-        ("bad-token", "get", "/api/runs/", None, 401, "authentication_failed"),
-    ]
+UNKNOWN = str(uuid.uuid4())
+
+# (id, who, method, url, payload, status, code); a str payload is sent as the raw body, and
+# {queued}, {awaiting} and {unknown} in the url stand for those runs' ids.
+ERROR_CASES = [
+    ("detail-of-an-unknown-run", "op", "get", "/api/runs/{unknown}/", None, 404, "not_found"),
+    ("detail-of-a-malformed-id", "op", "get", "/api/runs/not-a-uuid/", None, 404, "not_found"),
+    ("cancel-of-a-malformed-id", "op", "post", "/api/runs/not-a-uuid/cancel/", {}, 404,
+     "not_found"),
+    ("cancel-of-an-unknown-run", "op", "post", "/api/runs/{unknown}/cancel/", {}, 404,
+     "not_found"),
+    ("events-of-an-unknown-run", "op", "get", "/api/runs/{unknown}/events/", None, 404,
+     "not_found"),
+    ("unknown-url", "op", "get", "/api/nothing-here/", None, 404, "not_found"),
+    ("create-with-bad-json", "op", "post", "/api/runs/", "{not json", 400, "parse_error"),
+    ("create-with-an-unknown-agent", "op", "post", "/api/runs/", {"agent": "no.such.agent"},
+     400, "invalid"),
+    ("create-without-an-agent", "op", "post", "/api/runs/", {"input": {}}, 400, "invalid"),
+    ("create-with-a-text-input", "op", "post", "/api/runs/",
+     {"agent": "demo.steps", "input": "text"}, 400, "invalid"),
+    ("create-with-a-negative-budget", "op", "post", "/api/runs/",
+     {"agent": "demo.steps", "budget": {"max_steps": -1}}, 400, "invalid"),
+    ("create-with-a-text-budget", "op", "post", "/api/runs/",
+     {"agent": "demo.steps", "budget": "lots"}, 400, "invalid"),
+    ("create-with-a-huge-budget", "op", "post", "/api/runs/",
+     {"agent": "demo.steps", "budget": {"max_steps": 2**66}}, 400, "invalid"),
+    ("create-with-a-bad-start-after", "op", "post", "/api/runs/",
+     {"agent": "demo.steps", "start_after": "tomorrow"}, 400, "invalid"),
+    ("create-with-an-unknown-field", "op", "post", "/api/runs/",
+     {"agent": "demo.steps", "colour": "red"}, 400, "invalid"),
+    ("create-with-a-list", "op", "post", "/api/runs/", [1, 2], 400, "invalid"),
+    ("batch-of-no-runs", "op", "post", "/api/runs/batch/", {"runs": []}, 400, "invalid"),
+    ("batch-of-501-runs", "op", "post", "/api/runs/batch/",
+     {"runs": [{"agent": "demo.steps"}] * 501}, 400, "invalid"),
+    ("batch-with-an-unknown-agent", "op", "post", "/api/runs/batch/",
+     {"runs": [{"agent": "demo.steps"}, {"agent": "no.such.agent"}]}, 400, "invalid"),
+    ("batch-with-an-unknown-field", "op", "post", "/api/runs/batch/",
+     {"runs": [{"agent": "demo.steps", "colour": 1}]}, 400, "invalid"),
+    ("batch-with-an-unknown-parent", "op", "post", "/api/runs/batch/",
+     {"runs": [{"agent": "demo.steps"}, {"agent": "demo.steps", "parent_id": UNKNOWN}]},
+     400, "invalid"),
+    ("batch-with-a-zero-budget", "op", "post", "/api/runs/batch/",
+     {"runs": [{"agent": "demo.steps", "budget": {"max_tokens": 0}}]}, 400, "invalid"),
+    ("batch-without-runs", "op", "post", "/api/runs/batch/", {"agent": "demo.steps"}, 400,
+     "invalid"),
+    ("batch-with-bad-json", "op", "post", "/api/runs/batch/", "[", 400, "parse_error"),
+    ("batch-by-a-viewer", "viewer", "post", "/api/runs/batch/",
+     {"runs": [{"agent": "demo.steps"}]}, 403, "permission_denied"),
+    ("batch-by-nobody", "anon", "post", "/api/runs/batch/",
+     {"runs": [{"agent": "demo.steps"}]}, 401, "not_authenticated"),
+    ("stop-without-a-reason", "op", "post", "/api/runs/{queued}/stop/", {}, 400, "invalid"),
+    ("stop-with-an-empty-reason", "op", "post", "/api/runs/{queued}/stop/", {"reason": ""},
+     400, "invalid"),
+    ("stop-with-a-long-reason", "op", "post", "/api/runs/{queued}/stop/",
+     {"reason": "x" * 501}, 400, "invalid"),
+    ("cancel-with-a-long-reason", "op", "post", "/api/runs/{queued}/cancel/",
+     {"reason": "x" * 501}, 400, "invalid"),
+    ("cancel-waiting-too-long", "op", "post", "/api/runs/{queued}/cancel/?wait=31", {}, 400,
+     "invalid"),
+    ("cancel-with-a-text-wait", "op", "post", "/api/runs/{queued}/cancel/?wait=soon", {}, 400,
+     "invalid"),
+    ("cancel-with-bad-json", "op", "post", "/api/runs/{queued}/cancel/", "{", 400,
+     "parse_error"),
+    ("list-by-an-unknown-state", "op", "get", "/api/runs/?state=bogus", None, 400, "invalid"),
+    ("list-of-no-runs", "op", "get", "/api/runs/?limit=0", None, 400, "invalid"),
+    ("list-from-a-bad-cursor", "op", "get", "/api/runs/?cursor=%%%", None, 400, "invalid"),
+    ("events-after-a-negative-seq", "op", "get", "/api/events/?after=-1", None, 400,
+     "invalid"),
+    ("events-over-the-limit", "op", "get", "/api/events/?limit=1001", None, 400, "invalid"),
+    ("resume-of-a-queued-run", "op", "post", "/api/runs/{queued}/resume/",
+     {"ticket": UNKNOWN}, 409, "not_awaiting"),
+    ("resume-with-another-ticket", "op", "post", "/api/runs/{awaiting}/resume/",
+     {"ticket": UNKNOWN}, 409, "ticket_mismatch"),
+    ("resume-with-a-malformed-ticket", "op", "post", "/api/runs/{awaiting}/resume/",
+     {"ticket": "nope"}, 400, "invalid"),
+    ("resume-with-a-nul-input", "op", "post", "/api/runs/{awaiting}/resume/",
+     {"ticket": UNKNOWN, "input": "\x00"}, 400, "invalid"),
+    ("create-by-a-viewer", "viewer", "post", "/api/runs/", {"agent": "demo.steps"}, 403,
+     "permission_denied"),
+    ("cancel-by-a-viewer", "viewer", "post", "/api/runs/{queued}/cancel/", {}, 403,
+     "permission_denied"),
+    ("stop-by-a-viewer", "viewer", "post", "/api/runs/{queued}/stop/", {"reason": "r"}, 403,
+     "permission_denied"),
+    ("resume-by-a-viewer", "viewer", "post", "/api/runs/{awaiting}/resume/",
+     {"ticket": UNKNOWN}, 403, "permission_denied"),
+    ("list-by-a-user-without-a-role", "stranger", "get", "/api/runs/", None, 403,
+     "permission_denied"),
+    ("list-by-nobody", "anon", "get", "/api/runs/", None, 401, "not_authenticated"),
+    ("detail-by-nobody", "anon", "get", "/api/runs/{queued}/", None, 401,
+     "not_authenticated"),
+    ("events-by-nobody", "anon", "get", "/api/events/", None, 401, "not_authenticated"),
+    ("schema-by-nobody", "anon", "get", "/api/schema/", None, 401, "not_authenticated"),
+    ("cancel-by-nobody", "anon", "post", "/api/runs/{queued}/cancel/", {}, 401,
+     "not_authenticated"),
+    ("create-by-nobody", "anon", "post", "/api/runs/", {"agent": "demo.steps"}, 401,
+     "not_authenticated"),
+    ("list-with-a-bad-token", "bad-token", "get", "/api/runs/", None, 401,
+     "authentication_failed"),
+]
 
 
-def test_every_error_path_has_its_code_and_changes_nothing(some_runs, operator, viewer, stranger):
-    from rest_framework.test import APIClient
-
+@pytest.mark.parametrize("who, method, url, payload, status, code",
+                         [pytest.param(*case, id=name) for name, *case in ERROR_CASES])
+def test_every_error_path_has_its_code_and_changes_nothing(
+        some_runs, operator, viewer, stranger, who, method, url, payload, status, code):
     bad = APIClient()
     bad.credentials(HTTP_AUTHORIZATION="Token not-a-real-token")
-    clients = {"op": client_for(operator), "viewer": client_for(viewer),
-               "stranger": client_for(stranger), "anon": APIClient(), "bad-token": bad}
-    for who, method, url, payload, status, code in error_cases(some_runs):
-        before = db_state()
-        client = clients[who]
-        if isinstance(payload, str):
-            response = client.generic(method.upper(), url, payload,
-                                      content_type="application/json")
-        else:
-            response = getattr(client, method)(url, payload, format="json")
-        where = f"{who} {method.upper()} {url} {payload!r}"
-        assert response.status_code == status, f"{where}: {response.content[:300]}"
-        # The schema endpoint answers in its own (YAML) format, errors included.
-        body = yaml.safe_load(response.content) if "schema" in url else response.json()
-        assert body["code"] == code, f"{where}: {body}"
-        assert isinstance(body["detail"], str) and body["detail"], where
-        assert db_state() == before, where
+    client = {"op": client_for(operator), "viewer": client_for(viewer),
+              "stranger": client_for(stranger), "anon": APIClient(), "bad-token": bad}[who]
+    url = url.format(queued=some_runs["queued"].id, awaiting=some_runs["awaiting"].id,
+                     unknown=UNKNOWN)
+    before = db_state()
+    if isinstance(payload, str):
+        response = client.generic(method.upper(), url, payload, content_type="application/json")
+    else:
+        response = getattr(client, method)(url, payload, format="json")
+    assert response.status_code == status, response.content[:300]
+    # The schema endpoint answers in its own (YAML) format, errors included.
+    body = yaml.safe_load(response.content) if "schema" in url else response.json()
+    assert body["code"] == code, body
+    assert isinstance(body["detail"], str) and body["detail"]
+    assert db_state() == before
 
 
 def _declared(serializer_class, instance) -> dict:
     """What the serializer's declared fields alone would write (DRF's own machinery)."""
-    import json
-
-    from rest_framework import serializers
-    from rest_framework.utils.encoders import JSONEncoder
-
     data = serializers.ModelSerializer.to_representation(serializer_class(instance), instance)
     return json.loads(json.dumps(data, cls=JSONEncoder))
 
 
-def test_plain_representations_match_the_declared_serializers():
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from runs.api import serializers as s
-    from runs.models import Event
-
+@pytest.fixture
+def runs_of_every_shape(db) -> dict:
+    """Runs that between them fill every part of a run and its events: an ended parent, a
+    child with a budget, an input and a start time, an awaiting run (its ticket) and a
+    running run asked to stop (its control)."""
     parent = queued_run()
     child = queued_run(parent_id=parent.id, budget={"max_steps": 3, "max_seconds": 1.5},
                        input={"steps": 2}, start_after=timezone.now() - timedelta(seconds=1))
@@ -317,10 +339,20 @@ def test_plain_representations_match_the_declared_serializers():
     services.run_stop(run_id=running.id, actor="olga", source="api", reason="budget")
     services.attempt_step(run_id=running.id, generation=generation, tokens=7)
     services.run_cancel(run_id=parent.id, actor="olga", source="api")
-    runs = [Run.objects.get(pk=r.id) for r in (parent, child, awaiting, running)]
-    assert runs[2].ticket is not None and runs[3].control is not None  # every part is covered
-    assert runs[0].ended_at is not None and runs[1].parent_id == parent.id
-    for run in runs:
-        assert s.RunSerializer(run).data == _declared(s.RunSerializer, run)
+    made = {"ended-parent": parent, "child": child, "awaiting": awaiting, "stopping": running}
+    runs = {shape: Run.objects.get(pk=run.id) for shape, run in made.items()}
+    # Every part is covered.
+    assert runs["awaiting"].ticket is not None and runs["stopping"].control is not None
+    assert runs["ended-parent"].ended_at is not None and runs["child"].parent_id == parent.id
+    return runs
+
+
+@pytest.mark.parametrize("shape", ["ended-parent", "child", "awaiting", "stopping"])
+def test_a_plain_run_matches_the_declared_serializer(runs_of_every_shape, shape):
+    run = runs_of_every_shape[shape]
+    assert RunSerializer(run).data == _declared(RunSerializer, run)
+
+
+def test_plain_events_match_the_declared_serializer(runs_of_every_shape):
     for event in Event.objects.all():
-        assert s.EventSerializer(event).data == _declared(s.EventSerializer, event)
+        assert EventSerializer(event).data == _declared(EventSerializer, event)

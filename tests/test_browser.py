@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.workers import ROOT
+from harness.processes import ROOT
 
 CHROMIUM = "/usr/bin/chromium"
 

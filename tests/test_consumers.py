@@ -58,7 +58,7 @@ async def connect(path, headers):
     ("stranger", ["session", "origin"], False),  # a user without a role
     ("anonymous", ["origin"], False),
     ("bad-token", ["bad-token"], False),
-])
+], ids=lambda value: "-".join(value) if isinstance(value, list) else None)
 def test_who_may_connect(who, headers, allowed):
     user = None if who in ("anonymous", "bad-token") else make_user(
         who, "viewer" if who == "viewer" else None)
@@ -191,12 +191,13 @@ def test_a_bad_client_message_gets_an_error_and_changes_nothing(viewer, message)
     assert Event.objects.count() == before
 
 
-def test_both_sockets_refuse_anonymous_users():
+@pytest.mark.parametrize("path", [pytest.param("/ws/runs/", id="every-run"),
+                                  pytest.param("/ws/runs/{run_id}/", id="one-run")])
+def test_each_socket_refuses_anonymous_users(path):
     run = queued_run()
 
     async def body():
-        for path in ("/ws/runs/", f"/ws/runs/{run.id}/"):
-            _, connected, _ = await connect(path, [ORIGIN])
-            assert not connected, path
+        _, connected, _ = await connect(path.format(run_id=run.id), [ORIGIN])
+        assert not connected
 
     run_async(body)

@@ -1,7 +1,7 @@
 """The embedded default of ``make run``: one process serving web, worker and sweeper on
 SQLite, the in-memory broker and the in-memory channel layer. Started as a user would."""
 
-from tests.conftest import wait_for
+from harness.processes import wait_until
 
 
 def test_first_start_creates_an_admin_operator(embedded_site):
@@ -13,15 +13,15 @@ def test_a_run_completes(embedded_site):
     status, run = embedded_site.call("POST", "/api/runs/", {
         "agent": "demo.steps", "input": {"steps": 2, "step_seconds": 0.05}})
     assert status == 201
-    done = wait_for(lambda: (lambda r: r if r["state"] == "ended" else None)(
+    done = wait_until(lambda: (lambda r: r if r["state"] == "ended" else None)(
         embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]), 10, "completion")
     assert done["end_cause"] == "completed" and done["usage"]["steps"] == 2
 
 
 def test_cancel_reaches_the_live_attempt(embedded_site):
     _, run = embedded_site.call("POST", "/api/runs/", {"agent": "demo.hang"})
-    wait_for(lambda: embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]["state"] ==
-             "running", 10, "the attempt to start")
+    wait_until(lambda: embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]["state"] ==
+               "running", 10, "the attempt to start")
     status, body = embedded_site.call("POST", f"/api/runs/{run['id']}/cancel/")
     assert status == 200
     assert body["end_cause"] == "cancelled" and body["control"]["delivered_at"]

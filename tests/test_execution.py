@@ -8,9 +8,10 @@ import signal
 
 import pytest
 
+from harness.processes import wait_until
 from runs import domain as services
 from runs.models import Event, EventKind, Run, RunState
-from tests.conftest import client_for, make_user, wait_for
+from tests.conftest import client_for, make_user
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -32,8 +33,8 @@ def run_of(run_id) -> Run:
 
 
 def wait_state(run_id, state, timeout=10.0) -> Run:
-    return wait_for(lambda: (lambda r: r if r.state == state else None)(run_of(run_id)),
-                    timeout, f"run {run_id} to be {state}")
+    return wait_until(lambda: (lambda r: r if r.state == state else None)(run_of(run_id)),
+                      timeout, f"run {run_id} to be {state}")
 
 
 def ended_events(run_id) -> list:
@@ -106,7 +107,7 @@ def test_a_late_result_is_never_committed(worker, api):
 
 def test_pause_then_resume_continues_from_the_checkpoint(worker, api):
     run_id = create(api, "demo.steps", {"steps": 6, "step_seconds": 0.1})
-    wait_for(lambda: run_of(run_id).steps >= 1, what="a first step")
+    wait_until(lambda: run_of(run_id).steps >= 1, what="a first step")
     paused = api.post(f"/api/runs/{run_id}/pause/?wait=10", format="json")
     assert paused.status_code == 200, paused.json()
     body = paused.json()
@@ -139,7 +140,7 @@ def test_cancel_racing_natural_completion_ends_exactly_once(worker, api):
     rng = random.Random(3)
     for _ in range(15):
         run_id = create(api, "demo.steps", {"steps": 2, "step_seconds": 0.03})
-        wait_for(lambda run_id=run_id: run_of(run_id).state != RunState.QUEUED, what="a start")
+        wait_until(lambda run_id=run_id: run_of(run_id).state != RunState.QUEUED, what="a start")
         import time
 
         time.sleep(rng.uniform(0, 0.08))  # a random moment within the run's life
@@ -152,9 +153,12 @@ def test_cancel_racing_natural_completion_ends_exactly_once(worker, api):
 
 
 @pytest.mark.parametrize("budget, input, code", [
-    ({"max_steps": 2}, {"steps": 5, "step_seconds": 0.01}, "max_steps"),
-    ({"max_tokens": 150}, {"steps": 5, "step_seconds": 0.01}, "max_tokens"),
-    ({"max_seconds": 0.3}, {"steps": 100, "step_seconds": 0.05}, "max_seconds"),
+    pytest.param({"max_steps": 2}, {"steps": 5, "step_seconds": 0.01}, "max_steps",
+                 id="max_steps"),
+    pytest.param({"max_tokens": 150}, {"steps": 5, "step_seconds": 0.01}, "max_tokens",
+                 id="max_tokens"),
+    pytest.param({"max_seconds": 0.3}, {"steps": 100, "step_seconds": 0.05}, "max_seconds",
+                 id="max_seconds"),
 ])
 def test_each_budget_stops_the_run_with_its_code(worker, api, budget, input, code):
     run_id = create(api, "demo.steps", input, budget=budget)
@@ -181,7 +185,7 @@ def parent_with_running_children(api, count: int = 2):
                    .values_list("id", flat=True))
         return ids if len(ids) == count else None
 
-    return parent, wait_for(running_children, what=f"{count} running children")
+    return parent, wait_until(running_children, what=f"{count} running children")
 
 
 def test_cancelling_a_parent_cancels_its_children(worker, api):
@@ -233,7 +237,7 @@ def test_pause_of_a_run_that_is_not_running_is_not_active(worker, api):
 
 
 def sweep_until(predicate, timeout: float, what: str):
-    return wait_for(lambda: (services.sweep(), predicate())[1], timeout, what)
+    return wait_until(lambda: (services.sweep(), predicate())[1], timeout, what)
 
 
 def start_on(process, agent, input=None) -> str:
@@ -247,7 +251,7 @@ def test_a_killed_workers_run_is_requeued_and_completed_elsewhere(worker, spare_
     settings.AWAKEN_LEASE_SECONDS = 1.5
     doomed = spare_worker(lease_seconds=1.5, private=True)
     run_id = start_on(doomed, "demo.steps", {"steps": 40, "step_seconds": 0.05})
-    wait_for(lambda: run_of(run_id).steps >= 2, what="the doomed worker's steps")
+    wait_until(lambda: run_of(run_id).steps >= 2, what="the doomed worker's steps")
     assert run_of(run_id).attempts.get().owner.startswith(doomed.node + ":")
     doomed.kill()
     sweep_until(lambda: run_of(run_id).generation == 2, 8, "a second attempt")
@@ -281,7 +285,7 @@ def test_a_frozen_attempt_is_fenced_after_a_reclaim(worker, spare_worker, settin
     settings.AWAKEN_LEASE_SECONDS = 1.5
     frozen = spare_worker(lease_seconds=1.5, private=True)
     run_id = start_on(frozen, "demo.steps", {"steps": 30, "step_seconds": 0.05})
-    wait_for(lambda: run_of(run_id).steps >= 1, what="a first step")
+    wait_until(lambda: run_of(run_id).steps >= 1, what="a first step")
     frozen.signal(signal.SIGSTOP)
     try:
         sweep_until(lambda: run_of(run_id).generation == 2, 8, "a reclaim")

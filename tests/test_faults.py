@@ -3,28 +3,26 @@ runs are live. Every run must end up ended or legitimately live, and no accepted
 stop may be lost. Each test runs its own Redis, web and worker processes."""
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 
 import pytest
+from rest_framework.authtoken.models import Token
 
+from harness.processes import Processes, Web, Worker, free_port, wait_until
 from runs import domain
 from runs.models import ControlIntent, Run, RunState
-from tests.conftest import make_user, wait_for
-from tests.sites import free_port
-from tests.workers import ROOT, Worker, database_url
+from tests.conftest import make_user
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True),
               pytest.mark.skipif(not shutil.which("redis-server"), reason="needs redis-server")]
 
 
 class PrivateRedis:
+    """A redis-server of one test's own, to stop and start again."""
+
     def __init__(self):
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
@@ -35,7 +33,7 @@ class PrivateRedis:
                         "--save", "", "--appendonly", "no", "--daemonize", "yes",
                         "--dir", "/tmp", "--logfile", f"/tmp/awaken-fault-redis-{self.port}.log"],
                        check=True)
-        wait_for(self.up, 10, "redis to start")
+        wait_until(self.up, 10, "redis to start")
 
     def up(self) -> bool:
         return subprocess.run(["redis-cli", "-p", str(self.port), "ping"],
@@ -44,64 +42,28 @@ class PrivateRedis:
     def stop(self):
         subprocess.run(["redis-cli", "-p", str(self.port), "shutdown", "nosave"],
                        capture_output=True)
-        wait_for(lambda: not self.up(), 10, "redis to stop")
-
-
-class Web:
-    def __init__(self, env):
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = f"/tmp/awaken-fault-web-{self.port}.log"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-             "awaken_site.asgi:application"], cwd=ROOT, env=env,
-            stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
-        wait_for(self.up, 30, "the web process")
-
-    def up(self) -> bool:
-        try:
-            urllib.request.urlopen(f"{self.base}/healthz", timeout=2)
-            return True
-        except OSError:
-            return False
-
-    def kill(self):
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
-
-
-def call(base, token, method, path, body=None, timeout=30):
-    request = urllib.request.Request(
-        f"{base}{path}", method=method, data=json.dumps(body or {}).encode(),
-        headers={"Authorization": f"Token {token}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as error:
-        return error.code, json.load(error)
+        wait_until(lambda: not self.up(), 10, "redis to stop")
 
 
 @pytest.fixture
 def system(settings):
-    """Private Redis, a web process and a worker, all on the test database."""
-    from rest_framework.authtoken.models import Token
-
+    """Private Redis, a web process and a worker, all on the test database; the web
+    process calls with an operator's token."""
     settings.AWAKEN_LEASE_SECONDS = 1.5
     redis = PrivateRedis()
-    env = {**os.environ, "REDIS_URL": redis.url, "DATABASE_URL": database_url(),
-           "DJANGO_SETTINGS_MODULE": "tests.settings", "AWAKEN_LEASE_SECONDS": "1.5",
-           "ALLOWED_HOSTS": "127.0.0.1,localhost"}
-    env.pop("CELERY_BROKER_URL", None)
-    web = Web(env)
-    worker = Worker(lease_seconds=1.5, extra_env={"REDIS_URL": redis.url}, broker=redis.url)
-    token = Token.objects.create(user=make_user("faulty", "operator")).key
-    yield redis, web, worker, token
-    worker.stop()
-    if web.process.poll() is None:
-        web.process.terminate()
-        web.process.wait(10)
-    if redis.up():
-        redis.stop()
+    private = {"REDIS_URL": redis.url, "CELERY_BROKER_URL": None}
+    try:
+        with Processes() as processes:
+            web = processes.add(Web(extra_env={**private, "AWAKEN_LEASE_SECONDS": "1.5",
+                                               "ALLOWED_HOSTS": "127.0.0.1,localhost"}))
+            worker = processes.add(Worker(lease_seconds=1.5, extra_env=private,
+                                          broker=redis.url))
+            processes.wait_ready(30)
+            web.token = Token.objects.create(user=make_user("faulty", "operator")).key
+            yield redis, web, worker
+    finally:
+        if redis.up():
+            redis.stop()
 
 
 def run_of(run_id) -> Run:
@@ -114,52 +76,52 @@ def settle(timeout=20):
         domain.sweep()
         pending = ControlIntent.objects.filter(applied_at__isnull=True).exists()
         return not pending
-    wait_for(settled, timeout, "every accepted request to be applied")
+    wait_until(settled, timeout, "every accepted request to be applied")
 
 
 def test_a_cancel_during_a_broker_outage_is_not_lost(system):
-    redis, web, worker, token = system
-    _, run = call(web.base, token, "POST", "/api/runs/", {"agent": "demo.hang"})
-    wait_for(lambda: run_of(run["id"]).state == RunState.RUNNING, 15, "the run to start")
-    _, other = call(web.base, token, "POST", "/api/runs/",
-                    {"agent": "demo.steps", "input": {"steps": 200, "step_seconds": 0.05}})
-    wait_for(lambda: run_of(other["id"]).state == RunState.RUNNING, 15, "the second run")
+    redis, web, worker = system
+    _, run = web.call("POST", "/api/runs/", {"agent": "demo.hang"})
+    wait_until(lambda: run_of(run["id"]).state == RunState.RUNNING, 15, "the run to start")
+    _, other = web.call("POST", "/api/runs/",
+                        {"agent": "demo.steps", "input": {"steps": 200, "step_seconds": 0.05}})
+    wait_until(lambda: run_of(other["id"]).state == RunState.RUNNING, 15, "the second run")
 
     redis.stop()
     started = time.monotonic()
-    status, body = call(web.base, token, "POST", f"/api/runs/{run['id']}/cancel/?wait=1")
+    status, body = web.call("POST", f"/api/runs/{run['id']}/cancel/?wait=1")
     answered = time.monotonic() - started
     assert status in (200, 202), body
     assert body["control"]["action"] == "cancel"
     assert answered < 15, f"the cancel call took {answered:.1f} s with the broker down"
     # The intent is durable and the lease renewal goes through the database: it lands
     # while the broker is still down.
-    wait_for(lambda: run_of(run["id"]).state == RunState.ENDED, 15, "the cancel to land")
+    wait_until(lambda: run_of(run["id"]).state == RunState.ENDED, 15, "the cancel to land")
     assert run_of(run["id"]).end_cause == "cancelled"
 
     redis.start()
-    assert call(web.base, token, "POST", f"/api/runs/{other['id']}/stop/?wait=10",
-                {"reason": "after the outage"})[1]["end_cause"] == "stopped"
-    _, fresh = call(web.base, token, "POST", "/api/runs/",
-                    {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0.01}})
+    assert web.call("POST", f"/api/runs/{other['id']}/stop/?wait=10",
+                    {"reason": "after the outage"})[1]["end_cause"] == "stopped"
+    _, fresh = web.call("POST", "/api/runs/",
+                        {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0.01}})
     settle()
-    wait_for(lambda: run_of(fresh["id"]).state == RunState.ENDED, 30, "a run after the outage")
+    wait_until(lambda: run_of(fresh["id"]).state == RunState.ENDED, 30, "a run after the outage")
     assert run_of(fresh["id"]).end_cause == "completed"
 
 
 def test_a_web_process_killed_after_recording_an_intent_loses_nothing(system):
-    redis, web, worker, token = system
-    _, run = call(web.base, token, "POST", "/api/runs/", {"agent": "demo.hang"})
-    wait_for(lambda: run_of(run["id"]).state == RunState.RUNNING, 15, "the run to start")
+    redis, web, worker = system
+    _, run = web.call("POST", "/api/runs/", {"agent": "demo.hang"})
+    wait_until(lambda: run_of(run["id"]).state == RunState.RUNNING, 15, "the run to start")
     # The moment between the commit of the intent and its live delivery: freeze the worker
     # so the delivery cannot land, record the cancel, and kill the web process at once.
     worker.signal(signal.SIGSTOP)
     try:
         try:
-            call(web.base, token, "POST", f"/api/runs/{run['id']}/cancel/?wait=0", timeout=0.5)
+            web.call("POST", f"/api/runs/{run['id']}/cancel/?wait=0", timeout=0.5)
         except OSError:
             pass  # the web process may be gone before it answers
-        wait_for(lambda: run_of(run["id"]).control is not None, 10, "the intent to commit")
+        wait_until(lambda: run_of(run["id"]).control is not None, 10, "the intent to commit")
         web.kill()
     finally:
         worker.signal(signal.SIGCONT)
@@ -177,7 +139,7 @@ def test_sockets_heal_across_a_redis_restart(system):
 
     import websockets
 
-    redis, web, worker, token = system
+    redis, web, worker = system
     seen, last_seq, connected = [], [0], threading.Event()
     outbox: asyncio.Queue | None = None
     loop_box = []
@@ -188,7 +150,7 @@ def test_sockets_heal_across_a_redis_restart(system):
         loop_box.append(asyncio.get_running_loop())
         async with websockets.connect(
                 f"ws://127.0.0.1:{web.port}/ws/runs/",
-                additional_headers={"Authorization": f"Token {token}"}) as socket_:
+                additional_headers={"Authorization": f"Token {web.token}"}) as socket_:
             last_seq[0] = json.loads(await socket_.recv())["seq"]  # the snapshot
             connected.set()
 
@@ -214,15 +176,15 @@ def test_sockets_heal_across_a_redis_restart(system):
     redis.start()
 
     def create():
-        return call(web.base, token, "POST", "/api/runs/", {
+        return web.call("POST", "/api/runs/", {
             "agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0.01}})[1]["id"]
 
     created = [create()]
     # Pushes flow again once the subscription is re-made.
-    wait_for(lambda: created.append(create()) or (created[-2], "created") in seen, 20,
-             "pushes to flow again")
+    wait_until(lambda: created.append(create()) or (created[-2], "created") in seen, 20,
+               "pushes to flow again")
     # Whatever was lost in the window comes back with a resume from the last seq seen.
     loop_box[0].call_soon_threadsafe(
         outbox.put_nowait, json.dumps({"type": "resume", "after": before_restart}))
-    wait_for(lambda: {(run_id, "created") for run_id in created} <= set(seen), 15,
-             "the resume to replay every missed event")
+    wait_until(lambda: {(run_id, "created") for run_id in created} <= set(seen), 15,
+               "the resume to replay every missed event")

@@ -7,10 +7,10 @@ from html.parser import HTMLParser
 
 import pytest
 
+from harness.processes import ROOT
 from runs import domain as services
 from tests.conftest import browser_for, make_user
 from tests.factories import awaiting_run, queued_run, running_run
-from tests.workers import ROOT
 
 pytestmark = pytest.mark.django_db
 
@@ -50,12 +50,17 @@ def test_a_user_without_a_role_is_refused():
     assert browser_for(make_user("sam")).get("/").status_code == 403
 
 
-def test_operators_get_controls_and_the_form_viewers_do_not():
+@pytest.mark.parametrize("role", ["operator", "viewer"])
+def test_each_role_sees_the_runs(role):
     run = queued_run()
+    page = browser_for(make_user("someone", role)).get("/").content.decode()
+    assert f'data-run-id="{run.id}"' in page and 'data-state="queued"' in page
+
+
+def test_operators_get_controls_and_the_form_viewers_do_not():
+    queued_run()
     operator_page = browser_for(make_user("olga", "operator")).get("/").content.decode()
     viewer_page = browser_for(make_user("vic", "viewer")).get("/").content.decode()
-    for page in (operator_page, viewer_page):
-        assert f'data-run-id="{run.id}"' in page and 'data-state="queued"' in page
     assert 'data-action="cancel"' in operator_page and 'data-action="create"' in operator_page
     assert "data-action=" not in viewer_page
 
@@ -137,17 +142,29 @@ def test_not_active_answers_are_counted(operator):
     assert count(after) == count(before) + 1
 
 
-def test_the_page_hooks_are_unambiguous():
+@pytest.mark.parametrize("hook", [
+    pytest.param('name="agent"', id="agent-field"),
+    pytest.param('name="input"', id="input-field"),
+    pytest.param('name="reason"', id="reason-field"),
+    pytest.param('data-action="create"', id="create-action"),
+    pytest.param('data-action="confirm-stop"', id="confirm-stop-action"),
+])
+def test_the_page_hooks_are_unambiguous(hook):
+    queued_run()
+    page = browser_for(make_user("olga", "operator")).get("/").content.decode()
+    assert page.count(hook) == 1
+
+
+@pytest.mark.parametrize("hook", [
+    pytest.param('data-action="stop"', id="stop-action"),
+    pytest.param('name="reason"', id="reason-field"),
+    pytest.param('data-action="confirm-stop"', id="confirm-stop-action"),
+    pytest.param('data-action="confirm-resume"', id="confirm-resume-action"),
+])
+def test_the_run_page_hooks_are_unambiguous(hook):
     run = queued_run()
-    client = browser_for(make_user("olga", "operator"))
-    page = client.get("/").content.decode()
-    for hook in ('name="agent"', 'name="input"', 'name="reason"', 'data-action="create"',
-                 'data-action="confirm-stop"'):
-        assert page.count(hook) == 1, hook
-    run_page = client.get(f"/runs/{run.id}/").content.decode()
-    for hook in ('data-action="stop"', 'name="reason"', 'data-action="confirm-stop"',
-                 'data-action="confirm-resume"'):
-        assert run_page.count(hook) == 1, hook
+    page = browser_for(make_user("olga", "operator")).get(f"/runs/{run.id}/").content.decode()
+    assert page.count(hook) == 1
 
 
 def test_a_row_shows_exactly_the_buttons_its_state_allows():

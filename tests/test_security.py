@@ -5,14 +5,15 @@ import re
 import secrets
 import subprocess
 import sys
+import uuid
 
 import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, resolve
 
+from harness.processes import ROOT
 from tests.conftest import client_for
 from tests.factories import queued_run
-from tests.workers import ROOT
 
 pytestmark = pytest.mark.django_db
 
@@ -42,37 +43,44 @@ def project_routes():
         yield route
 
 
-def test_every_url_refuses_anonymous_users():
-    run = queued_run()
-    checked = 0
-    for route in project_routes():
-        path = concrete(route, run.id)
-        if route.rstrip("/") in {p.rstrip("/") for p in PUBLIC}:
-            continue
-        for method in ("get", "post"):
-            response = getattr(Client(), method)(path)
-            if path.startswith("/api/"):
-                assert response.status_code in (401, 405), (method, path, response.status_code)
-                if response.status_code == 401:
-                    checked += 1
-            else:
-                assert response.status_code in (302, 405), (method, path, response.status_code)
-                if response.status_code == 302:
-                    assert "/accounts/login/" in response["Location"]
-                    checked += 1
-    assert checked >= 12
+def is_control(route: str) -> bool:
+    """An API route that changes something: its view answers POST."""
+    view = resolve(concrete(route, uuid.UUID(int=0))).func
+    return route.startswith("api/") and hasattr(getattr(view, "cls", None), "post")
 
 
-def test_every_control_refuses_viewers(viewer):
-    run = queued_run()
-    client = client_for(viewer)
-    controls = [r for r in project_routes() if r.startswith("api/") and
-                hasattr(getattr(resolve(concrete(r, run.id)).func, "cls", None), "post")]
-    assert len(controls) >= 7  # create, batch, cancel, stop, pause, resume, deliver
-    for route in controls:
-        response = client.post(concrete(route, run.id), {}, format="json")
-        assert response.status_code == 403, route
-        assert response.json()["code"] == "permission_denied"
+GUARDED = [route for route in project_routes()
+           if route.rstrip("/") not in {p.rstrip("/") for p in PUBLIC}]
+CONTROLS = [route for route in project_routes() if is_control(route)]
+
+
+def test_the_routes_are_found():
+    assert len(GUARDED) >= 12
+    assert len(CONTROLS) >= 7  # create, batch, cancel, stop, pause, resume, deliver
+
+
+@pytest.mark.parametrize("route", GUARDED, ids=lambda route: "/" + route)
+def test_every_url_refuses_anonymous_users(route):
+    """GET and POST both: each one answers 405 or sends the visitor to log in, and at least
+    one of them does the latter."""
+    path = concrete(route, queued_run().id)
+    answers = {method: getattr(Client(), method)(path) for method in ("get", "post")}
+    refused = {method: response for method, response in answers.items()
+               if response.status_code != 405}
+    assert refused, f"{path} answers 405 to GET and POST"
+    for method, response in refused.items():
+        if path.startswith("/api/"):
+            assert response.status_code == 401, (method, response.status_code)
+        else:
+            assert response.status_code == 302, (method, response.status_code)
+            assert "/accounts/login/" in response["Location"]
+
+
+@pytest.mark.parametrize("route", CONTROLS, ids=lambda route: "/" + route)
+def test_every_control_refuses_viewers(viewer, route):
+    response = client_for(viewer).post(concrete(route, queued_run().id), {}, format="json")
+    assert response.status_code == 403
+    assert response.json()["code"] == "permission_denied"
 
 
 def test_production_settings_pass_the_deploy_check():

@@ -2,12 +2,15 @@
 
 import json
 import uuid
+from datetime import timedelta
 from unittest import mock
 
 import pytest
+from django.db import transaction
+from django.utils import timezone
 
 from runs import domain as services
-from runs.domain import Ending
+from runs.domain import Ending, sql
 from runs.models import (
     Attempt,
     AttemptState,
@@ -55,16 +58,24 @@ def test_child_runs_share_their_parents_thread():
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    ({"agent": "nope"}, "agent"),
-    ({"agent": "demo.steps", "input": [1]}, "input"),
-    ({"agent": "demo.steps", "budget": {"max_steps": 0}}, "budget"),
-    ({"agent": "demo.steps", "budget": {"max_steps": 1.5}}, "budget"),
-    ({"agent": "demo.steps", "budget": {"max_seconds": True}}, "budget"),
-    ({"agent": "demo.steps", "budget": {"max_money": 3}}, "budget"),
-    ({"agent": "demo.steps", "budget": {"max_tokens": 2**63}}, "budget"),
-    ({"agent": "demo.steps", "input": {"a": ["b", {"c\x00": 1}]}}, "input"),
-    ({"agent": "demo.steps", "input": {"a": "nul \x00 inside"}}, "input"),
-    ({"agent": "demo.steps", "parent_id": "00000000-0000-0000-0000-000000000000"}, "parent_id"),
+    pytest.param({"agent": "nope"}, "agent", id="unknown-agent"),
+    pytest.param({"agent": "demo.steps", "input": [1]}, "input", id="list-input"),
+    pytest.param({"agent": "demo.steps", "budget": {"max_steps": 0}}, "budget",
+                 id="zero-steps"),
+    pytest.param({"agent": "demo.steps", "budget": {"max_steps": 1.5}}, "budget",
+                 id="fractional-steps"),
+    pytest.param({"agent": "demo.steps", "budget": {"max_seconds": True}}, "budget",
+                 id="boolean-seconds"),
+    pytest.param({"agent": "demo.steps", "budget": {"max_money": 3}}, "budget",
+                 id="unknown-limit"),
+    pytest.param({"agent": "demo.steps", "budget": {"max_tokens": 2**63}}, "budget",
+                 id="tokens-beyond-64-bits"),
+    pytest.param({"agent": "demo.steps", "input": {"a": ["b", {"c\x00": 1}]}}, "input",
+                 id="nul-in-a-key"),
+    pytest.param({"agent": "demo.steps", "input": {"a": "nul \x00 inside"}}, "input",
+                 id="nul-in-a-value"),
+    pytest.param({"agent": "demo.steps", "parent_id": "00000000-0000-0000-0000-000000000000"},
+                 "parent_id", id="unknown-parent"),
 ])
 def test_create_rejects_bad_requests_and_writes_nothing(kwargs, field):
     before = db_state()
@@ -135,7 +146,8 @@ def test_cancel_and_stop_of_an_ended_run_return_it_unchanged():
     assert db_state() == before
 
 
-@pytest.mark.parametrize("reason", ["", "   ", None, "x" * 501])
+@pytest.mark.parametrize("reason", ["", "   ", None, "x" * 501],
+                         ids=["empty", "blank", "none", "501-characters"])
 def test_stop_needs_a_reason_of_at_most_500_characters(reason):
     run = queued_run()
     before = db_state()
@@ -284,10 +296,6 @@ def test_start_claims_only_a_queued_run_once():
 
 
 def test_start_waits_for_start_after():
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     run = queued_run(start_after=timezone.now() + timedelta(hours=1))
     assert services.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=5) is None
 
@@ -333,10 +341,6 @@ def test_a_bulk_import_writes_whole_histories():
 
 
 def test_due_runs_go_to_workers_in_chunks_and_later_ones_alone(settings, monkeypatch):
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     from runs.wire import web_side
 
     sent = []
@@ -352,10 +356,6 @@ def test_due_runs_go_to_workers_in_chunks_and_later_ones_alone(settings, monkeyp
 
 
 def test_one_claim_takes_every_queued_due_run_of_a_message_and_skips_the_rest():
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     due, other = queued_run(), queued_run()
     later = queued_run(start_after=timezone.now() + timedelta(hours=1))
     ended = queued_run()
@@ -373,14 +373,14 @@ def test_one_claim_takes_every_queued_due_run_of_a_message_and_skips_the_rest():
     assert Run.objects.get(pk=running.id).generation == 1
 
 
-def test_the_hot_statements_read_and_write_rows_as_the_orm_does():
-    from datetime import timedelta
+def fields(run: Run) -> dict:
+    return {f.attname: getattr(run, f.attname) for f in Run._meta.concrete_fields}
 
-    from django.db import transaction
-    from django.utils import timezone
 
-    from runs.domain import sql
-
+@pytest.fixture
+def rows_of_every_shape() -> dict:
+    """Ids of runs whose rows fill every kind of column: a parent; its child with nested
+    input, a big budget and a start time; an awaiting run with an agent state and a prompt."""
     parent = queued_run()
     child = queued_run(parent_id=parent.id, input={"deep": [1, {"x": "ü"}], "n": None},
                        budget={"max_seconds": 2.5, "max_tokens": 2**40},
@@ -389,14 +389,19 @@ def test_the_hot_statements_read_and_write_rows_as_the_orm_does():
     services.attempt_step(run_id=run.id, generation=generation, tokens=3,
                           agent_state={"cursor": [1, 2]})
     services.attempt_pause(run_id=run.id, generation=generation, prompt={"ask": "ok?"})
+    return {"parent": parent.id, "child": child.id, "awaiting": run.id}
 
-    def fields(instance):
-        return {f.attname: getattr(instance, f.attname) for f in Run._meta.concrete_fields}
 
-    for pk in (parent.id, child.id, run.id):
-        with transaction.atomic():
-            assert fields(sql.lock(Run, pk)) == fields(Run.objects.get(pk=pk))
+@pytest.mark.parametrize("shape", ["parent", "child", "awaiting"])
+def test_the_hot_statements_lock_a_row_as_the_orm_reads_it(rows_of_every_shape, shape):
+    pk = rows_of_every_shape[shape]
     with transaction.atomic():
-        locked = sql.lock_many(Run, sorted([child.id, parent.id, uuid.uuid4()]))
-    assert [r.id for r in locked] == sorted([child.id, parent.id])
+        assert fields(sql.lock(Run, pk)) == fields(Run.objects.get(pk=pk))
+
+
+def test_the_hot_statements_lock_many_rows_as_the_orm_reads_them(rows_of_every_shape):
+    parent, child = rows_of_every_shape["parent"], rows_of_every_shape["child"]
+    with transaction.atomic():
+        locked = sql.lock_many(Run, sorted([child, parent, uuid.uuid4()]))
+    assert [r.id for r in locked] == sorted([child, parent])
     assert [fields(r) for r in locked] == [fields(Run.objects.get(pk=r.id)) for r in locked]

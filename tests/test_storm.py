@@ -17,9 +17,10 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
+from harness.processes import wait_until
 from runs import domain as services
 from runs.models import Attempt, AttemptState, ControlIntent, Event, EventKind, Run, RunState
-from tests.conftest import client_for, make_user, wait_for
+from tests.conftest import client_for, make_user
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -119,8 +120,9 @@ def test_a_storm_of_controls_keeps_every_guarantee(workers, settings):
     # Drain: end whatever is still live, then let every accepted request land.
     for run_id in Run.objects.exclude(state=RunState.ENDED).values_list("id", flat=True):
         services.run_stop(run_id=run_id, actor="storm", source="cli", reason="storm is over")
-    wait_for(lambda: (services.sweep(), not Run.objects.exclude(state=RunState.ENDED).exists())[1],
-             60, "every run to end")
+    wait_until(lambda: (services.sweep(),
+                        not Run.objects.exclude(state=RunState.ENDED).exists())[1],
+               60, "every run to end")
 
     # SPEC §7 on what committed.
     runs = {str(r.id): r for r in Run.objects.all()}

@@ -5,23 +5,31 @@ broker (PostgreSQL and Redis for meaningful figures), drives them over HTTP like
 would, and prints p50/p95/p99. Nothing here asserts a time: it measures.
 """
 
+import asyncio
 import http.client
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from io import StringIO
+from pathlib import Path
 
+import redis
+import websockets
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from awaken_site.celery import app
+from harness.baseline import bench_hang
+from harness.processes import Processes, ProcessFailed, Web, Worker, wait_until
+from runs import domain
+from runs.domain import selectors
 from runs.models import Run, RunState
 
 
@@ -31,38 +39,6 @@ def percentiles(samples: list[float]) -> tuple[float, float, float]:
         return value, value, value
     cuts = statistics.quantiles(samples, n=100, method="inclusive")
     return cuts[49], cuts[94], cuts[98]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Processes:
-    """Child processes of the benchmark, stopped however it ends."""
-
-    def __init__(self, env):
-        self.env = env
-        self.children = []
-        self.logs = tempfile.mkdtemp(prefix="awaken-bench-")
-
-    def start(self, name, *argv):
-        log = open(os.path.join(self.logs, f"{name}.log"), "w")
-        self.children.append(subprocess.Popen(argv, env=self.env, stdout=log,
-                                              stderr=subprocess.STDOUT,
-                                              cwd=settings.BASE_DIR))
-        return self.children[-1]
-
-    def stop(self):
-        for child in self.children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in self.children:
-            try:
-                child.wait(10)
-            except subprocess.TimeoutExpired:
-                child.kill()
 
 
 class Client:
@@ -75,14 +51,6 @@ class Client:
                                 headers=self.headers)
         response = self.connection.getresponse()
         return response.status, json.loads(response.read() or b"null")
-
-
-def wait_until(condition, timeout: float, what: str, every: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise CommandError(f"timed out waiting for {what}")
-        time.sleep(every)
 
 
 class Command(BaseCommand):
@@ -128,80 +96,66 @@ class Command(BaseCommand):
             "memory": lambda: self.memory(options["attempts"]),
         }
         rows = []
-        for name in (parts if what == "all" else [what]):
-            rows += parts[name]()
+        try:
+            for name in (parts if what == "all" else [what]):
+                rows += parts[name]()
+        except (TimeoutError, ProcessFailed) as error:
+            raise CommandError(str(error)) from error
         self.print_table(rows)
 
     @contextmanager
     def system(self, workers: int = 1):
-        """Web and worker processes of the benchmark's own, on a queue of its own."""
+        """A web process and ``workers`` worker processes of the benchmark's own, on a queue
+        of its own, with their logs in a temporary directory; yields the web process and
+        the workers."""
         queue = f"awaken-bench-{uuid.uuid4().hex[:8]}"
-        processes = Processes({**os.environ, "AWAKEN_QUEUE": queue})
-        try:
-            port = free_port()
-            processes.start("web", sys.executable, "-m", "daphne", "-b", "127.0.0.1",
-                            "-p", str(port), "awaken_site.asgi:application")
-            nodes = []
-            for index in range(workers):
-                nodes.append(f"bench{index}-{queue}@{socket.gethostname()}")
-                processes.start(f"worker{index}", sys.executable, "-m", "celery", "-A",
-                                "awaken_site", "worker", "--pool", "threads", "--concurrency",
-                                "8", "-n", nodes[-1], "-Q", queue, "--without-mingle",
-                                "--without-gossip", "--loglevel", "WARNING")
-            wait_until(lambda: self.health(port).get("db") == "ok" and
-                       self.health(port).get("workers", 0) >= workers, 90,
-                       "the web and worker processes")
-            yield port, processes, queue
-        finally:
+        env = {"AWAKEN_QUEUE": queue}
+        logs = Path(tempfile.mkdtemp(prefix="awaken-bench-"))
+        with Processes() as processes:
+            web = processes.add(Web(extra_env=env, log_dir=logs))
+            started = [processes.add(Worker(f"bench{index}-{queue}", queue=queue, concurrency=8,
+                                            extra_env=env, loglevel="WARNING", log_dir=logs))
+                       for index in range(workers)]
+            processes.wait_ready(90)
             try:
-                self.cleanup()  # while the workers still take live commands
+                yield web, started
             finally:
-                processes.stop()
+                self.cleanup()  # while the workers still take live commands
 
     def cancel(self, levels, cancels, batch, no_baseline) -> list:
         rows = []
-        with self.system() as (port, processes, queue):
-            client = Client(port, self.token)
+        with self.system() as (web, _):
+            client = Client(web.port, self.token)
             for level in levels:
                 rows += self.measure_level(client, level, cancels, batch)
             if not no_baseline:
-                rows.append(self.baseline(processes, queue, cancels))
+                rows.append(self.baseline(cancels))
         return rows
 
     # --- set-up -------------------------------------------------------------------------
 
     def bench_user_token(self) -> str:
-        from io import StringIO
-
         out = StringIO()
         call_command("operator_token", "bench", "--role", "operator", "--create", stdout=out)
         return out.getvalue().strip()
 
-    def health(self, port) -> dict:
-        """The web process's /healthz answer, or {} while it is not up."""
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            connection.request("GET", "/healthz")
-            return json.loads(connection.getresponse().read())
-        except (OSError, ValueError):
-            return {}
-
     def cleanup(self):
         """End whatever the benchmark left live, so no run of it stays running (called
         while its workers still run, so they take the stops and commit them)."""
-        from runs import domain
-
         left = list(Run.objects.filter(created_by__username="bench").exclude(
             state=RunState.ENDED).values_list("id", flat=True))
         for run_id in left:
             domain.run_stop(run_id=run_id, actor="bench", source="cli",
-                              reason="benchmark finished")
-        deadline = time.monotonic() + 4 * settings.AWAKEN_LEASE_SECONDS
-        while Run.objects.filter(pk__in=left).exclude(state=RunState.ENDED).exists():
-            if time.monotonic() > deadline:
-                raise CommandError("runs of the benchmark did not end")
+                            reason="benchmark finished")
+
+        def ended() -> bool:
+            if not Run.objects.filter(pk__in=left).exclude(state=RunState.ENDED).exists():
+                return True
             domain.sweep()  # a run whose worker is gone (an earlier, killed benchmark)
-            time.sleep(0.5)
+            return False
+
+        wait_until(ended, 4 * settings.AWAKEN_LEASE_SECONDS, "the runs of the benchmark to end",
+                   every=0.5)
 
     # --- measurements ---------------------------------------------------------------------
 
@@ -237,25 +191,21 @@ class Command(BaseCommand):
         return [(f"{level} live", "REST cancel -> ended/cancelled committed", committed, note),
                 (f"{level} live", "REST cancel -> 200 response", answered, "")]
 
-    def baseline(self, processes, queue, cancels) -> tuple:
-        """Celery's own revoke(terminate=True) of a plain hanging task on a prefork worker."""
-        import redis
+    def baseline(self, cancels) -> tuple:
+        """Celery's own revoke(terminate=True) of a plain hanging task on a prefork worker
+        of its own queue."""
+        with Worker(f"bench-prefork-{uuid.uuid4().hex[:8]}", private=True, pool="prefork",
+                    concurrency=2, include=("harness.baseline",), loglevel="WARNING") as prefork:
+            prefork.wait_ready(60)
+            return ("", "baseline: Celery revoke(terminate=True) -> task interrupted",
+                    self.revoke_samples(prefork.queue, cancels), "prefork -c 2")
 
-        from awaken_site.celery import app
-        from harness.baseline import bench_hang
-
-        node = f"bench-prefork-{queue}@{socket.gethostname()}"
-        processes.start("prefork", sys.executable, "-m", "celery", "-A", "awaken_site",
-                        "worker", "--pool", "prefork", "--concurrency", "2", "-n", node, "-Q",
-                        f"{queue}-prefork", "-I", "harness.baseline", "--without-mingle",
-                        "--without-gossip", "--loglevel", "WARNING")
-        wait_until(lambda: bool(app.control.ping(destination=[node], timeout=0.5)), 60,
-                   "the prefork worker")
+    def revoke_samples(self, queue, cancels) -> list:
         client = redis.Redis.from_url(settings.REDIS_URL)
         samples = []
         for _ in range(cancels):
             key = f"awaken-bench:{uuid.uuid4().hex}"
-            result = bench_hang.apply_async(args=[key], queue=f"{queue}-prefork")
+            result = bench_hang.apply_async(args=[key], queue=queue)
             wait_until(lambda key=key: client.exists(f"{key}:started"), 30,
                        "the plain task to start")
             sent = time.time()
@@ -264,8 +214,7 @@ class Command(BaseCommand):
                        "the plain task to stop")
             samples.append((float(client.get(f"{key}:stopped")) - sent) * 1000)
             client.delete(f"{key}:started", f"{key}:stopped")
-        return ("", "baseline: Celery revoke(terminate=True) -> task interrupted", samples,
-                "prefork -c 2")
+        return samples
 
     def print_table(self, rows) -> None:
         """One table: (first column, measurement, samples or a single value, note) rows."""
@@ -294,12 +243,10 @@ class Command(BaseCommand):
         parsing is part of the figure, as a browser's would be); the commits are made by this
         process too, through the services, so commit -> push -> receipt is measured end to end.
         """
-        from runs import domain
-
         rows = []
-        with self.system(workers=0) as (port, _, _):
+        with self.system(workers=0) as (web, _):
             for count in levels:
-                swarm = Swarm(port, self.token, count)
+                swarm = Swarm(web.port, self.token, count)
                 try:
                     first, last = [], []
                     for _ in range(commits):
@@ -323,16 +270,14 @@ class Command(BaseCommand):
         """Runs created over HTTP by 8 callers and completed by ``workers`` worker processes:
         create -> claim -> one step -> completed, per second, first request to last end.
         Measured twice: one run per request, then batches of 50 (POST /api/runs/batch/)."""
-        from concurrent.futures import ThreadPoolExecutor
-
         spec = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
 
         def singles(count):
-            client = Client(port, self.token)
+            client = Client(web.port, self.token)
             return [self.create(client, spec["agent"], spec["input"]) for _ in range(count)]
 
         def batches(count):
-            client = Client(port, self.token)
+            client = Client(web.port, self.token)
             made = []
             while len(made) < count:
                 status, body = client.call("POST", "/api/runs/batch/",
@@ -343,7 +288,7 @@ class Command(BaseCommand):
             return made
 
         rows = []
-        with self.system(workers=workers) as (port, _, _):
+        with self.system(workers=workers) as (web, _):
             for how, make in (("one run per request", singles), ("batches of 50", batches)):
                 created: list[str] = []
                 started = time.monotonic()
@@ -364,9 +309,6 @@ class Command(BaseCommand):
     def list_latency(self, target: int, requests: int = 300) -> list:
         """GET /api/runs/ with ``target`` runs in the database: the newest page, a filtered
         page and a page half-way down the list (keyset cursor)."""
-        from runs import domain
-        from runs.domain import selectors
-
         missing = target - Run.objects.count()
         if missing > 0:
             self.stdout.write(f"importing {missing} runs for the list benchmark...")
@@ -377,8 +319,8 @@ class Command(BaseCommand):
                  "page half-way down": f"/api/runs/?limit=50&cursor="
                                        f"{selectors.encode_cursor(middle)}"}
         rows = []
-        with self.system(workers=0) as (port, _, _):
-            client = Client(port, self.token)
+        with self.system(workers=0) as (web, _):
+            client = Client(web.port, self.token)
             for name, path in paths.items():
                 samples = []
                 for _ in range(requests):
@@ -393,9 +335,8 @@ class Command(BaseCommand):
     def memory(self, attempts: int) -> list:
         """Resident memory of one worker process with ``attempts`` live attempts, minus its
         memory with one, divided by the difference."""
-        with self.system(workers=1) as (port, processes, _):
-            worker = processes.children[-1]
-            client = Client(port, self.token)
+        with self.system(workers=1) as (web, [worker]):
+            client = Client(web.port, self.token)
 
             def start(count):
                 ids = [self.create(client, "demo.steps", {"steps": 1, "step_seconds": 86400})
@@ -425,9 +366,6 @@ class Swarm:
     next message after ``arm()`` reached it."""
 
     def __init__(self, port: int, token: str, count: int):
-        import asyncio
-        import threading
-
         self.count = count
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -440,10 +378,6 @@ class Swarm:
         ready.result(timeout=120)
 
     async def _connect_all(self, port, token):
-        import asyncio
-
-        import websockets
-
         sockets = []
         for start in range(0, self.count, 50):  # handshakes in batches, as browsers arrive
             batch = await asyncio.gather(*(websockets.connect(
@@ -475,8 +409,6 @@ class Swarm:
         return list(self.arrivals)
 
     def close(self) -> None:
-        import asyncio
-
         async def shut():
             for task in self.tasks:
                 task.cancel()

@@ -1,0 +1,333 @@
+"""The system's processes, started as a user would start them: daphne, Celery workers and
+the embedded site (``manage.py serve``), for the tests and ``manage.py bench``.
+
+Each is a child process with its output in a log file. Its constructor starts it;
+``wait_ready()`` polls until it serves, and fails with the tail of its output if it exits
+first. Used as a context manager, it is stopped however the block ends. Web and workers run
+on this process's settings and database, so a test's processes share the test database.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Self, TypeVar
+from urllib.parse import quote
+
+from celery import Celery
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
+
+from awaken_site.celery import app
+from runs.tasks import execute
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ProcessFailed(RuntimeError):
+    """A process exited, or did not get ready in time."""
+
+
+def wait_until(condition, timeout: float = 10.0, what: str = "the condition",
+               every: float = 0.02):
+    """Poll ``condition`` every ``every`` seconds until it returns something truthy, and
+    return that; raise TimeoutError once ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def database_url() -> str:
+    """The URL of the database this process uses (during tests, the test database).
+
+    Only PostgreSQL: the tests' SQLite database lives in this process's memory.
+    """
+    db = connection.settings_dict
+    if db["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured("another process can share only a PostgreSQL database")
+    password = f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD") else ""
+    return (f"postgres://{quote(db['USER'] or '', safe='')}{password}@"
+            f"{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}")
+
+
+def environment(extra: dict | None = None) -> dict:
+    """This process's environment for a child on the same database, with ``extra`` on top;
+    a ``None`` in ``extra`` removes that variable.
+
+    The settings module is this process's too: Django read its name from
+    DJANGO_SETTINGS_MODULE, which the child inherits (the tests' settings in a test run).
+    """
+    env = {**os.environ, "DATABASE_URL": database_url()}
+    for key, value in (extra or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+class Process:
+    """One child process, run from the repository's root with its output in a log file:
+    ``log_dir/<name>.log``, or a temporary file when no ``log_dir`` is given."""
+
+    def __init__(self, argv: list[str], *, name: str, env: dict, log_dir: Path | None = None):
+        self.name = name
+        if log_dir is None:
+            handle, path = tempfile.mkstemp(prefix=f"awaken-{name}-", suffix=".log")
+            os.close(handle)
+            self.log_path = Path(path)
+        else:
+            self.log_path = Path(log_dir) / f"{name}.log"
+        with open(self.log_path, "w") as log:
+            self.popen = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log,
+                                          stderr=subprocess.STDOUT)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} pid={self.pid}>"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def ready(self) -> bool:
+        """Whether it serves yet; a process that serves nothing is ready once started."""
+        return True
+
+    def wait_ready(self, timeout: float = 30) -> Self:
+        """Poll ``ready()`` until it holds. If the process exits first, or ``timeout``
+        seconds pass, stop it and fail with the tail of its output."""
+        try:
+            wait_until(lambda: not self.running() or self.ready(), timeout,
+                       f"{self.name} to be ready", every=0.05)
+        except TimeoutError as error:
+            failure = str(error)
+        else:
+            if self.running():
+                return self
+            failure = f"{self.name} exited with code {self.popen.returncode}"
+        self.stop()
+        raise ProcessFailed(f"{failure}; its output ends with:\n{self.output()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def output(self, chars: int = 4000) -> str:
+        """The end of its log, for error messages."""
+        return self.log()[-chars:]
+
+    def signal(self, signum: int) -> None:
+        self.popen.send_signal(signum)
+
+    def kill(self) -> None:
+        """kill -9: no cleanup of any kind."""
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(10)
+
+    def terminate(self) -> None:
+        """SIGTERM, if it still runs: the shutdown a supervisor asks for."""
+        if self.running():
+            self.popen.send_signal(signal.SIGTERM)
+
+    def wait_exit(self, timeout: float) -> None:
+        """Wait for it to exit; kill it if it has not within ``timeout`` seconds."""
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def stop(self, timeout: float = 10) -> None:
+        """SIGTERM, then SIGKILL if it has not exited ``timeout`` seconds later."""
+        self.terminate()
+        self.wait_exit(timeout)
+
+
+P = TypeVar("P", bound=Process)
+
+
+class Processes:
+    """Processes that get ready together and stop together, however the block that holds
+    them ends."""
+
+    def __init__(self):
+        self.members: list[Process] = []
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def add(self, process: P) -> P:
+        self.members.append(process)
+        return process
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        """Wait for every member, all within one ``timeout``: they start side by side."""
+        deadline = time.monotonic() + timeout
+        for process in self.members:
+            process.wait_ready(max(0.0, deadline - time.monotonic()))
+
+    def stop(self, timeout: float = 10) -> None:
+        """SIGTERM to every member at once, then SIGKILL to those still running after
+        ``timeout`` seconds."""
+        for process in self.members:
+            process.terminate()
+        deadline = time.monotonic() + timeout
+        for process in self.members:
+            process.wait_exit(max(0.0, deadline - time.monotonic()))
+
+
+class Worker(Process):
+    """A ``celery worker`` process; ``node`` is its Celery node name, the owner of the
+    attempts it runs."""
+
+    def __init__(self, name: str | None = None, *, queue: str | None = None,
+                 private: bool = False, concurrency: int = 4, pool: str = "threads",
+                 include: tuple[str, ...] = (), lease_seconds: float | None = None,
+                 extra_env: dict | None = None, broker: str | None = None,
+                 loglevel: str = "INFO", log_dir: Path | None = None):
+        """``queue``: the queue it consumes, the configured one by default. ``private``:
+        only a queue named after the worker, so that a test decides which runs it takes.
+        ``include``: modules of tasks to load besides the project's. ``broker``: the broker
+        to ping it through, when ``extra_env`` gives it another than this process's."""
+        name = name or f"w{uuid.uuid4().hex[:8]}"
+        self.node = f"{name}@{socket.gethostname()}"
+        self.queue = name if private else queue or settings.CELERY_TASK_DEFAULT_QUEUE
+        self.control = Celery(broker=broker).control if broker else app.control
+        argv = [sys.executable, "-m", "celery", "-A", "awaken_site", "worker", "--pool", pool,
+                "--concurrency", str(concurrency), "-n", self.node, "-Q", self.queue,
+                "--without-mingle", "--without-gossip", "--loglevel", loglevel]
+        if include:
+            argv += ["-I", ",".join(include)]
+        lease = {} if lease_seconds is None else {"AWAKEN_LEASE_SECONDS": str(lease_seconds)}
+        super().__init__(argv, name=name, env=environment({**lease, **(extra_env or {})}),
+                         log_dir=log_dir)
+
+    def ready(self) -> bool:
+        """It answers a control ping."""
+        return bool(self.control.ping(destination=[self.node], timeout=0.5))
+
+    def take(self, run_id) -> None:
+        """Send this worker the task of a run created with ``dispatch=False``."""
+        execute.apply_async(args=[[str(run_id)]], queue=self.queue)
+
+
+class Site(Process):
+    """A process that serves HTTP on a port of 127.0.0.1; ``call`` speaks its JSON API."""
+
+    def __init__(self, argv: list[str], *, port: int, **options):
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+        self.token: str | None = None
+        super().__init__(argv, **options)
+
+    def call(self, method: str, path: str, body=None, *, token: str | None = None,
+             timeout: float = 30) -> tuple[int, object]:
+        """One request with ``token`` (else ``self.token``), if any: its status and JSON."""
+        headers = {"Content-Type": "application/json"}
+        if token or self.token:
+            headers["Authorization"] = f"Token {token or self.token}"
+        request = urllib.request.Request(
+            f"{self.base}{path}", method=method, headers=headers,
+            data=json.dumps(body).encode() if body is not None else None)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as error:
+            return error.code, json.load(error)
+
+    def health(self) -> dict:
+        """Its /healthz answer, or {} while it does not answer."""
+        try:
+            return self.call("GET", "/healthz", timeout=2)[1]
+        except (OSError, ValueError):
+            return {}
+
+
+class Web(Site):
+    """daphne serving the ASGI application (HTTP and sockets) on a free port."""
+
+    def __init__(self, *, extra_env: dict | None = None, log_dir: Path | None = None):
+        port = free_port()
+        super().__init__([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                          "awaken_site.asgi:application"], port=port, name="web",
+                         env=environment(extra_env), log_dir=log_dir)
+
+    def ready(self) -> bool:
+        """/healthz answers, with the database reachable."""
+        return self.health().get("db") == "ok"
+
+
+class EmbeddedSite(Site):
+    """``manage.py serve`` as ``make run`` starts it, under ``var_dir``: web, worker and
+    sweeper in one process, on SQLite, the in-memory broker and the in-memory layer.
+
+    It ignores the configuration of this process (database, broker, queue, settings).
+    Ready, it knows the password of the operator its first start created, and a token.
+    """
+
+    def __init__(self, var_dir: Path):
+        self.var = Path(var_dir)
+        self.env = {key: value for key, value in os.environ.items()
+                    if key not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL",
+                                   "AWAKEN_QUEUE", "DJANGO_SETTINGS_MODULE")}
+        self.env.update(AWAKEN_VAR_DIR=str(self.var), SECRET_KEY="embedded-test", DEBUG="0")
+        self.manage("migrate", "--no-input")
+        self.manage("collectstatic", "--no-input")  # as make run does
+        self.admin_password: str | None = None
+        port = free_port()
+        super().__init__([sys.executable, "manage.py", "serve", "--port", str(port)],
+                         port=port, name="serve", env=self.env, log_dir=self.var)
+
+    def ready(self) -> bool:
+        """/healthz answers, and counts the embedded worker."""
+        return self.health().get("workers", 0) >= 1
+
+    def wait_ready(self, timeout: float = 40) -> Self:
+        super().wait_ready(timeout)
+        found = re.search(r"Created operator 'admin' with password: (\S+)", self.log())
+        self.admin_password = found.group(1) if found else None
+        self.token = self.manage("operator_token", "admin").strip()
+        return self
+
+    def manage(self, *args: str) -> str:
+        """Run a management command on the site's own settings and database."""
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env,
+                              check=True, capture_output=True, text=True).stdout
+
+    def add_user(self, username: str, password: str, role: str) -> None:
+        self.manage("shell", "-c", (
+            "from django.contrib.auth.models import User, Group; "
+            f"u = User.objects.create_user({username!r}, password={password!r}); "
+            f"u.groups.add(Group.objects.get_or_create(name={role!r})[0])"))
