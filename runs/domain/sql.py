@@ -19,8 +19,13 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 
 def lock(model, pk):
-    """The row of ``model`` with primary key ``pk``, locked (``SELECT … FOR UPDATE``) until
-    the transaction ends; None if there is none."""
+    """The row of ``model`` with primary key ``pk``, locked until the transaction ends;
+    None if there is none.
+
+    On PostgreSQL the lock is ``FOR NO KEY UPDATE``: it serializes the transitions of the
+    row, as ``FOR UPDATE`` would, but not the inserts of rows that refer to it (a child's
+    intent naming its parent, say), whose foreign key check only needs the key to stay.
+    A transition never changes a primary key."""
     reader = _reader(model)
     with connection.cursor() as cursor:
         cursor.execute(reader.sql, [model._meta.pk.get_db_prep_value(pk, connection)])
@@ -116,7 +121,8 @@ class _Reader:
         self.model = model
         fields = model._meta.concrete_fields
         self.attnames = [f.attname for f in fields]
-        lock = " FOR UPDATE" if db.features.has_select_for_update else ""
+        lock = (" FOR NO KEY UPDATE" if db.vendor == "postgresql"
+                else " FOR UPDATE" if db.features.has_select_for_update else "")
         quote = db.ops.quote_name
         select = (f"SELECT {', '.join(quote(f.column) for f in fields)} "
                   f"FROM {quote(model._meta.db_table)}")

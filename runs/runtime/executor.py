@@ -114,7 +114,11 @@ class Executor:
             await self.db(domain.attempt_finish, run_id=run_id, generation=generation,
                           ending=Ending.completed(output))
         except Interrupted as stop:
-            await self._interrupted(run_id, generation, stop.why, view)
+            try:
+                await self._interrupted(run_id, generation, stop.why, view)
+            except Exception:  # the lease expires and the sweeper applies what is pending
+                log.exception("run %s: could not record the end of attempt %s", run_id,
+                              generation)
         except BudgetExceeded as budget:
             await self.db(domain.attempt_stop_by_policy, run_id=run_id, generation=generation,
                           code=budget.code, reason=budget.reason)
