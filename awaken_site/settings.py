@@ -136,7 +136,8 @@ def _database() -> dict:
             "pool": {
                 "min_size": envnumber("DB_POOL_MIN", "2", minimum=0),
                 "max_size": envnumber("DB_POOL_MAX", "20", minimum=1),
-                "timeout": 10,
+                # How long a request waits for a free connection before it fails.
+                "timeout": envnumber("DB_POOL_TIMEOUT", "5", kind=float, minimum=0.1),
             },
             # Parameters bound by the server, and a statement prepared the fifth time a
             # connection runs it (Django leaves preparing off unless asked): the few
@@ -231,7 +232,8 @@ if REDIS_URL:
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
             # redis-py 8 reads with a 5 s socket timeout by default (django/channels_redis#422);
             # this layer reads in 0.1 s slices, so the explicit value only bounds a dead link.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15,
+                                  "socket_connect_timeout": 2}]},
         }
     }
 else:
@@ -240,8 +242,15 @@ else:
 CELERY_BROKER_URL = os.getenv("CELERY_BROKER_URL") or REDIS_URL or "memory://"
 CELERY_BROKER_TRANSPORT_OPTIONS = (
     # The memory transport polls once a second by default; control replies would wait for it.
-    {"polling_interval": 0.005} if CELERY_BROKER_URL.startswith("memory") else {}
+    {"polling_interval": 0.005} if CELERY_BROKER_URL.startswith("memory")
+    # No call to Redis waits without a deadline (redis-py waits for ever by default).
+    else {"socket_timeout": 5, "socket_connect_timeout": 2}
+    if CELERY_BROKER_URL.startswith(("redis", "rediss")) else {}
 )
+# A connection or producer from Celery's pool is waited for at most this long, and a new
+# broker connection is given up on after this long.
+CELERY_BROKER_POOL_ACQUIRE_TIMEOUT = 2.0
+CELERY_BROKER_CONNECTION_TIMEOUT = 2.0
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
@@ -268,6 +277,12 @@ AWAKEN_DB_THREADS = envnumber("AWAKEN_DB_THREADS", "8", minimum=1)
 AWAKEN_DISPATCH_CHUNK = envnumber("AWAKEN_DISPATCH_CHUNK", "50", minimum=1)
 # How long a live command waits for the owning worker's answer.
 AWAKEN_DELIVERY_TIMEOUT = envnumber("AWAKEN_DELIVERY_TIMEOUT", "1.0", kind=float, minimum=0.05)
+# The courier: the threads of each process that talk to the broker for the others
+# (dispatches, live commands, health probes), and how many calls may wait for them.
+AWAKEN_COURIER_THREADS = envnumber("AWAKEN_COURIER_THREADS", "4", minimum=1)
+AWAKEN_COURIER_BACKLOG = envnumber("AWAKEN_COURIER_BACKLOG", "500", minimum=0)
+# How long a health probe waits for the broker and for the workers' ping answers.
+AWAKEN_BROKER_TIMEOUT = envnumber("AWAKEN_BROKER_TIMEOUT", "0.5", kind=float, minimum=0.05)
 
 CELERY_TASK_DEFAULT_QUEUE = os.getenv("AWAKEN_QUEUE", "awaken")
 CELERY_BEAT_SCHEDULE = {

@@ -109,7 +109,7 @@ def test_a_cancel_during_a_broker_outage_is_not_lost(system):
     assert run_of(fresh["id"]).end_cause == "completed"
 
 
-def test_a_web_process_killed_after_recording_an_intent_loses_nothing(system):
+def test_a_web_process_killed_after_recording_an_intent_loses_nothing(system, settings):
     redis, web, worker = system
     _, run = web.call("POST", "/api/runs/", {"agent": "demo.hang"})
     wait_until(lambda: run_of(run["id"]).state == RunState.RUNNING, 15, "the run to start")
@@ -123,6 +123,10 @@ def test_a_web_process_killed_after_recording_an_intent_loses_nothing(system):
             pass  # the web process may be gone before it answers
         wait_until(lambda: run_of(run["id"]).control is not None, 10, "the intent to commit")
         web.kill()
+        # The live signal, if it was sent at all, expires unread (its time to live is the
+        # delivery timeout): only the durable path is left to end the run.
+        expired = time.monotonic() + settings.AWAKEN_DELIVERY_TIMEOUT + 0.5
+        wait_until(lambda: time.monotonic() > expired, 10, "the live signal to expire")
     finally:
         worker.signal(signal.SIGCONT)
     assert run_of(run["id"]).control.delivered_at is None
@@ -188,3 +192,68 @@ def test_sockets_heal_across_a_redis_restart(system):
         outbox.put_nowait, json.dumps({"type": "resume", "after": before_restart}))
     wait_until(lambda: {(run_id, "created") for run_id in created} <= set(seen), 15,
                "the resume to replay every missed event")
+
+
+# --- the control plane stays available (SPEC §8) ------------------------------------------------
+
+
+def answers_in_time(web, calls, *, within: float) -> list:
+    """Make ``calls`` (method, path, body) at once from as many threads; each must answer
+    within ``within`` seconds. Returns the statuses."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def timed(call):
+        started = time.monotonic()
+        status, _ = web.call(*call, timeout=within + 5)
+        took = time.monotonic() - started
+        assert took < within, f"{call[0]} {call[1]} took {took:.1f} s"
+        return status
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(timed, calls))
+
+
+def every_endpoint_answers(web, run_id, within: float = 2.0) -> None:
+    statuses = answers_in_time(web, [
+        ("GET", "/healthz", None), ("GET", "/api/runs/", None), ("GET", f"/api/runs/{run_id}/",
+                                                                 None),
+        ("POST", "/api/runs/", {"agent": "demo.steps", "input": {"steps": 1}}),
+        ("POST", f"/api/runs/{run_id}/cancel/?wait=0", {}),
+    ], within=within)
+    assert statuses[:3] == [200, 200, 200] and statuses[3] == 201, statuses
+
+
+def test_a_burst_of_health_checks_wedges_nothing(system):
+    redis, web, worker = system
+    _, run = web.call("POST", "/api/runs/", {"agent": "demo.hang"})
+    ends = time.monotonic() + 5
+    checks = 0
+    while time.monotonic() < ends:  # 20 at a time, for five seconds
+        statuses = answers_in_time(web, [("GET", "/healthz", None)] * 20, within=1.5)
+        assert set(statuses) == {200}, statuses
+        checks += len(statuses)
+    assert checks >= 40
+    every_endpoint_answers(web, run["id"])
+    assert web.call("GET", "/healthz")[1]["workers"] >= 1
+    web.stop(timeout=10)  # and it still stops on SIGTERM
+    assert web.popen.returncode is not None and web.popen.returncode != -signal.SIGKILL
+
+
+def test_cancels_to_a_frozen_worker_wedge_nothing(system):
+    redis, web, worker = system
+    runs = [web.call("POST", "/api/runs/", {"agent": "demo.hang"})[1]["id"] for _ in range(40)]
+    wait_until(lambda: Run.objects.filter(pk__in=runs, state=RunState.RUNNING).count() == 40,
+               30, "40 runs to start")
+    worker.signal(signal.SIGSTOP)
+    try:
+        statuses = answers_in_time(
+            web, [("POST", f"/api/runs/{run_id}/cancel/?wait=0", {}) for run_id in runs],
+            within=2.0)
+        assert set(statuses) == {202}, statuses
+        every_endpoint_answers(web, runs[0])
+    finally:
+        worker.signal(signal.SIGCONT)
+    every_endpoint_answers(web, runs[0])
+    settle(30)
+    assert set(Run.objects.filter(pk__in=runs).values_list("end_cause", flat=True)) == {
+        "cancelled"}

@@ -348,7 +348,7 @@ def test_due_runs_go_to_workers_in_chunks_and_later_ones_alone(settings, monkeyp
                         lambda name, args, eta=None, **kwargs: sent.append((args[0], eta)))
     settings.AWAKEN_DISPATCH_CHUNK = 8
     later = timezone.now() + timedelta(hours=1)
-    web_side.runs_queued(runs=[(n, None) for n in range(19)] + [(99, later)])
+    web_side.send_runs(runs=[(n, None) for n in range(19)] + [(99, later)])
     assert sent == [([str(n) for n in range(8)], None),
                     ([str(n) for n in range(8, 16)], None),
                     (["16", "17", "18"], None),

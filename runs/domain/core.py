@@ -7,7 +7,6 @@
 * ``finish`` is the one function that commits a terminal state.
 """
 
-import logging
 from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
@@ -15,7 +14,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from runs.domain import ports, sql
-from runs.domain.errors import NotActive, RunNotFound
+from runs.domain.errors import RunNotFound
 from runs.models import (
     AppliedVia,
     Attempt,
@@ -32,8 +31,6 @@ from runs.models import (
     StopCode,
     TicketState,
 )
-
-log = logging.getLogger(__name__)
 
 
 def database_now():
@@ -313,13 +310,11 @@ def signal_end_after_commit(run: Run, intent: ControlIntent) -> None:
 
 
 def _signal_end(*, run_id, generation: int, owner: str, actor: str, source: str) -> None:
-    """The live signal only shortens the wait: if it is not taken, the attempt learns of the
-    intent at its next lease renewal, or the sweeper applies it when the lease expires."""
-    try:
-        ports.workers.deliver(run_id=run_id, generation=generation, owner=owner,
-                              command="cancel", actor=actor, source=source)
-    except NotActive:
-        log.info("run %s: cancel not taken live; it waits for renewal or lease expiry", run_id)
+    """The live signal only shortens the wait, and nobody waits for it: if it is not taken,
+    the attempt learns of the intent at its next lease renewal, or the sweeper applies it
+    when the lease expires."""
+    ports.workers.signal(run_id=run_id, generation=generation, owner=owner, command="cancel",
+                         actor=actor, source=source)
 
 
 def release_claim(run: Run, reason: str, *, now) -> list[str]:

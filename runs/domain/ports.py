@@ -5,7 +5,8 @@ domain names two such consequences and the project wiring (``runs.apps``) plugs 
 into each when Django starts, so no module here imports Celery, Channels or the API:
 
 * ``workers``: hand queued runs to the workers, and send a live command to the one worker
-  that holds a run's claim (``runs.wire.web_side``);
+  that holds a run's claim, waiting a bounded time for its answer or not at all
+  (``runs.wire.web_side``);
 * ``changes``: announce committed changes to whoever watches them (``runs.changes``).
 
 Both are called after commit only (``runs.domain.core.after_commit``), except ``deliver``,
@@ -23,8 +24,12 @@ class Workers(Protocol):
     def deliver(self, *, run_id, generation: int, owner: str | None, command: str,
                 actor: str | None = None, source: str | None = None,
                 message=None) -> None:
-        """Deliver a live command to the attempt ``generation`` held by ``owner``; raise
-        ``NotActive`` when nothing there takes it."""
+        """Deliver a live command to the attempt ``generation`` held by ``owner``, waiting
+        a bounded time for the answer; raise ``NotActive`` when nothing there takes it."""
+
+    def signal(self, *, run_id, generation: int, owner: str, command: str,
+               actor: str | None = None, source: str | None = None) -> None:
+        """Send a live command without waiting for its answer."""
 
 
 class Changes(Protocol):
