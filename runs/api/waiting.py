@@ -1,7 +1,8 @@
 """Answer a control request with committed state, waiting up to ``wait`` seconds for it.
 
 The wait is woken by the change stream's push of the run's next committed change, never by
-polling; the push carries the committed run, so waking costs no query.
+polling; the push carries the committed run, so waking costs no query, and the request
+holds no database connection while it waits.
 """
 
 import time
@@ -10,6 +11,7 @@ from runs.changes import stream
 from runs.domain import selectors
 from runs.domain.representation import run_data
 from runs.models import RunState
+from runs.wire.web_side import release_database
 
 
 def wait_for_end(run_id, wait: float) -> dict:
@@ -28,6 +30,7 @@ def wait_until(run_id, wait: float, done) -> dict:
     deadline = time.monotonic() + wait
     with stream.watch(run_id) as watch:
         run = committed(run_id)  # read again once subscribed: nothing slips in between
+        release_database()  # the wait is for a push, not for the database
         while watch.live and not done(run):
             left = deadline - time.monotonic()
             pushed = watch.next(left) if left > 0 else None
