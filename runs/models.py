@@ -465,3 +465,16 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.seq} {self.kind} {self.run_id}"
+
+
+class WorkerProcess(models.Model):
+    """What each worker process last reported with its lease renewal: read by /metrics."""
+
+    owner = models.CharField(primary_key=True, max_length=255, help_text="Node and pid.")
+    reported_at = models.DateTimeField()
+    live_attempts = models.PositiveIntegerField(default=0)
+    abandoned_tools = models.PositiveIntegerField(
+        default=0, help_text="Blocking tool calls given up on whose threads still run.")
+
+    def __str__(self) -> str:
+        return self.owner

@@ -333,3 +333,51 @@ def test_inbox_items_arrive_in_order_and_a_wake_is_an_empty_item():
     entry.token.cancel(Why("command"))
     assert registry.deliver(entry.run_id, 1, "message", message={"n": 3}) is None
     loop.close()
+
+
+# --- abandoned blocking tools are counted and capped ---------------------------------------------
+
+
+def test_abandoned_blocking_tools_are_counted_and_past_the_cap_fail_at_once():
+    from harness.processes import wait_until
+    from runs.runtime.agent import Interrupted
+    from runs.runtime.executor import Executor, ToolsExhausted
+
+    executor = Executor(node="edges", lease_seconds=3600, tool_threads=2)
+    release = threading.Event()
+
+    def blocking_tool(started: threading.Event) -> bool:
+        started.set()
+        return release.wait(30)
+
+    async def call_tool(cancel: bool):
+        token, started = CancellationToken(), threading.Event()
+        ctx = Context(run_id="r", generation=1, input={}, state={}, resume=None, token=token,
+                      host=executor)
+        call = asyncio.ensure_future(ctx.tool(blocking_tool, started))
+        if cancel:
+            await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+            token.cancel(Why("command"))
+        return await call
+
+    def on_loop(cancel: bool):
+        return asyncio.run_coroutine_threadsafe(call_tool(cancel), executor.loop).result(10)
+
+    for _ in range(2):
+        with pytest.raises(Interrupted):
+            on_loop(cancel=True)
+    assert executor.abandoned_tools == 2
+    with pytest.raises(ToolsExhausted):
+        on_loop(cancel=False)
+    release.set()  # the abandoned threads return and give their slots back
+    wait_until(lambda: executor.abandoned_tools == 0, 10, "the abandoned tools to return")
+    assert on_loop(cancel=False) is True
+
+
+def test_worker_reports_reach_the_metrics():
+    from django.test import Client
+
+    domain.worker_report(owner="w1@host:7", live_attempts=3, abandoned_tools=1)
+    text = Client().get("/metrics").content.decode()
+    assert 'awaken_worker_live_attempts{owner="w1@host:7"} 3.0' in text
+    assert 'awaken_worker_abandoned_tools{owner="w1@host:7"} 1.0' in text

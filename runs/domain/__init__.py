@@ -20,6 +20,7 @@ from runs.domain.attempts import (
     attempts_start,
     runs_redispatch,
     sweep,
+    worker_report,
 )
 from runs.domain.core import Ending, finish, locked_run
 from runs.domain.errors import (
@@ -69,6 +70,7 @@ __all__ = [
     "attempt_stop_by_policy",
     "runs_redispatch",
     "sweep",
+    "worker_report",
     "finish",
     "locked_run",
     "run_cancel",

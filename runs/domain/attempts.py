@@ -43,6 +43,7 @@ from runs.models import (
     RunState,
     Source,
     TicketReason,
+    WorkerProcess,
 )
 
 
@@ -284,6 +285,16 @@ def runs_redispatch(*, older_than: float, limit: int = 100) -> list:
     return sent
 
 
+def worker_report(*, owner: str, live_attempts: int, abandoned_tools: int) -> None:
+    """A worker process's figures, written with each of its lease renewals."""
+    WorkerProcess.objects.update_or_create(
+        owner=owner, defaults={"reported_at": timezone.now(), "live_attempts": live_attempts,
+                               "abandoned_tools": abandoned_tools})
+
+
+WORKER_REPORTS_KEPT = timedelta(hours=1)
+
+
 def sweep(*, limit: int = 200) -> dict:
     """One pass of the sweeper (SPEC §6): expired leases, then queued runs whose message
     may be lost. Each row is its own compare-and-set transition, so sweeps may overlap."""
@@ -297,4 +308,5 @@ def sweep(*, limit: int = 200) -> dict:
             counts[outcome] += 1
     counts["redispatched"] = len(runs_redispatch(older_than=settings.AWAKEN_LEASE_SECONDS,
                                                  limit=limit))
+    WorkerProcess.objects.filter(reported_at__lt=timezone.now() - WORKER_REPORTS_KEPT).delete()
     return counts

@@ -8,11 +8,13 @@ counted by that process.
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
+from django.utils import timezone
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from runs.models import AppliedVia, Attempt, CloseReason, ControlIntent, Run
+from runs.models import AppliedVia, Attempt, CloseReason, ControlIntent, Run, WorkerProcess
 
 STOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -36,6 +38,26 @@ class DatabaseCollector:
         yield CounterMetricFamily(
             "awaken_lease_expiries", "Attempts whose lease expired (worker lost or frozen).",
             value=Attempt.objects.filter(close_reason=CloseReason.LOST).count())
+
+        yield from self.workers()
+
+    def workers(self):
+        """What each worker process reported with its last lease renewal (those heard from
+        within three renewals)."""
+        live = GaugeMetricFamily("awaken_worker_live_attempts",
+                                 "Live attempts of a worker process.", labels=["owner"])
+        abandoned = GaugeMetricFamily(
+            "awaken_worker_abandoned_tools",
+            "Blocking tool calls a worker process gave up on whose threads still run; at "
+            "its tool thread limit, blocking tools fail at once.", labels=["owner"])
+        recent = timezone.now() - timedelta(seconds=settings.AWAKEN_LEASE_SECONDS)
+        for owner, attempts, tools in WorkerProcess.objects.filter(
+                reported_at__gte=recent).values_list("owner", "live_attempts",
+                                                     "abandoned_tools"):
+            live.add_metric([owner], attempts)
+            abandoned.add_metric([owner], tools)
+        yield live
+        yield abandoned
 
     def time_to_stop(self) -> HistogramMetricFamily:
         """Requested -> terminal state committed, by the path that committed it."""

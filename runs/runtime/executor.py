@@ -30,6 +30,10 @@ from runs.runtime.token import CancellationToken, Why
 
 log = logging.getLogger(__name__)
 
+
+class ToolsExhausted(RuntimeError):
+    """No thread is left for a blocking tool: abandoned calls hold every one."""
+
 TOOL_THREADS = 64
 
 
@@ -46,6 +50,7 @@ class Executor:
         self._db = ThreadPoolExecutor(db_threads or settings.AWAKEN_DB_THREADS,
                                       thread_name_prefix="awaken-db")
         self._tool_slots_size = tool_threads or TOOL_THREADS
+        self._abandoned: set[asyncio.Future] = set()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._serve, name="awaken-executor", daemon=True)
         self._thread.start()
@@ -200,12 +205,18 @@ class Executor:
             await ctx.race(entry.arrival())
 
     async def run_sync_tool(self, fn, *args, **kwargs):
-        """Run a blocking tool in a daemon thread, at most ``TOOL_THREADS`` at once.
+        """Run a blocking tool in a daemon thread, at most ``tool_threads`` at once.
 
-        A thread cannot be killed: when the attempt stops waiting, the thread is abandoned
-        (still holding its slot until it returns); being a daemon, it never holds up the
-        worker's shutdown.
+        A thread cannot be killed: when the attempt stops waiting, the thread is abandoned,
+        and keeps its slot until it returns; being a daemon, it never holds up the worker's
+        shutdown. Abandoned threads are counted (the worker reports them on /metrics). Once
+        every slot is held by one, a blocking tool fails at once with ``ToolsExhausted``
+        (its run ends ``failed``, saying so) instead of waiting for a slot that may never
+        come back; the worker needs a restart to get its slots back.
         """
+        if len(self._abandoned) >= self._tool_slots_size:
+            raise ToolsExhausted(f"every one of the {self._tool_slots_size} threads for "
+                                 "blocking tools is held by an abandoned call")
         await self._tool_slots.acquire()
         future = self.loop.create_future()
 
@@ -215,11 +226,25 @@ class Executor:
                 result = fn(*args, **kwargs)
             except BaseException as raised:  # handed to the awaiting attempt
                 error = raised
-            self.loop.call_soon_threadsafe(_settle, future, result, error)
-            self.loop.call_soon_threadsafe(self._tool_slots.release)
+            self.loop.call_soon_threadsafe(self._tool_returned, future, result, error)
 
         threading.Thread(target=call, name="awaken-tool", daemon=True).start()
-        return await asyncio.shield(future)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if not future.done():
+                self._abandoned.add(future)
+            raise
+
+    def _tool_returned(self, future, result, error) -> None:  # on the loop
+        self._tool_slots.release()
+        self._abandoned.discard(future)
+        _settle(future, result, error)
+
+    @property
+    def abandoned_tools(self) -> int:
+        """Blocking tool calls given up on whose threads have not returned."""
+        return len(self._abandoned)
 
     async def spawn(self, ctx: Context, agent: str, input: dict):
         child, _ = await self.db(domain.run_create, agent=agent, input=input,
@@ -253,6 +278,9 @@ class Executor:
             await asyncio.sleep(self.lease_seconds / 3)
             try:
                 await self.renew()
+                await self.db(domain.worker_report, owner=self.owner,
+                              live_attempts=len(self.registry),
+                              abandoned_tools=self.abandoned_tools)
             except Exception:
                 log.warning("lease renewal failed", exc_info=True)
 
