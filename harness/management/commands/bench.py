@@ -24,13 +24,14 @@ import websockets
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
 from awaken_site.celery import app
 from harness.baseline import bench_hang
 from harness.processes import Processes, ProcessFailed, Web, Worker, wait_until
 from runs import domain
-from runs.domain import selectors
-from runs.models import Run, RunState
+from runs.domain import selectors, sql
+from runs.models import Event, EventKind, Run, RunState
 
 
 def percentiles(samples: list[float]) -> tuple[float, float, float]:
@@ -60,7 +61,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("what", nargs="?", default="all",
-                            choices=["all", "cancel", "push", "lifecycle", "list", "memory"])
+                            choices=["all", "cancel", "push", "lifecycle", "list", "memory",
+                                     "sql"])
         parser.add_argument("--live", default="1,100,500",
                             help="cancel: numbers of other live attempts on the worker.")
         parser.add_argument("--cancels", type=int, default=300, help="cancel: samples per level.")
@@ -79,8 +81,13 @@ class Command(BaseCommand):
                             help="list: runs in the database (imported in bulk if fewer).")
         parser.add_argument("--attempts", type=int, default=500,
                             help="memory: live attempts held by one worker process.")
+        parser.add_argument("--transitions", type=int, default=2000,
+                            help="sql: transitions measured each way.")
 
     def handle(self, what, **options):
+        if what == "sql":  # in this process alone: the database is all it needs
+            self.print_table(self.statements(options["transitions"]))
+            return
         if not settings.REDIS_URL or "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
             raise CommandError("Set DATABASE_URL (PostgreSQL) and REDIS_URL: the benchmark "
                                "runs separate processes, which need a shared database and layer.")
@@ -94,6 +101,7 @@ class Command(BaseCommand):
             "lifecycle": lambda: self.lifecycle(options["lifecycles"], options["workers"]),
             "list": lambda: self.list_latency(options["list_runs"]),
             "memory": lambda: self.memory(options["attempts"]),
+            "sql": lambda: self.statements(options["transitions"]),
         }
         rows = []
         try:
@@ -332,6 +340,9 @@ class Command(BaseCommand):
                              samples, "50 runs a page"))
         return rows
 
+    def statements(self, transitions: int) -> list:
+        return statements_bench(transitions)
+
     def memory(self, attempts: int) -> list:
         """Resident memory of one worker process with ``attempts`` live attempts, minus its
         memory with one, divided by the difference."""
@@ -351,6 +362,45 @@ class Command(BaseCommand):
         per_attempt = (loaded - base) / (attempts - 1)
         return [(f"{attempts} at", "memory per live attempt (KiB)", per_attempt,
                  f"worker RSS {base / 1024:.0f} -> {loaded / 1024:.0f} MiB")]
+
+
+def statements_bench(transitions: int) -> list:
+    """One step transition (lock the run, update three of its columns, insert its event),
+    written through runs/domain/sql.py and through the ORM, alternately, in this process:
+    what the hand-written statements save on every transition. Wall time per transition
+    (p50/p95/p99) and this process's CPU per transition."""
+    run, _ = domain.run_create(agent="demo.steps", dispatch=False, source="cli")
+
+    def by_sql():
+        with transaction.atomic():
+            locked = sql.lock(Run, run.pk)
+            locked.steps, locked.version = locked.steps + 1, locked.version + 1
+            sql.update(locked, ("steps", "version", "updated_at"))
+            sql.insert(Event(run=locked, version=locked.version, kind=EventKind.STEP,
+                             state=locked.state, generation=0, data={"step": locked.steps}))
+
+    def by_orm():
+        with transaction.atomic():
+            locked = Run.objects.select_for_update().get(pk=run.pk)
+            locked.steps, locked.version = locked.steps + 1, locked.version + 1
+            locked.save(update_fields=["steps", "version", "updated_at"])
+            Event.objects.create(run=locked, version=locked.version, kind=EventKind.STEP,
+                                 state=locked.state, generation=0, data={"step": locked.steps})
+
+    walls = {by_sql: [], by_orm: []}
+    cpu = {by_sql: 0.0, by_orm: 0.0}
+    for _ in range(transitions):
+        for way in (by_sql, by_orm):
+            started, started_cpu = time.perf_counter(), time.process_time()
+            way()
+            walls[way].append((time.perf_counter() - started) * 1000)
+            cpu[way] += time.process_time() - started_cpu
+    rows = []
+    for way, name in ((by_sql, "runs/domain/sql.py"), (by_orm, "the ORM")):
+        rows.append(("1 run", f"step transition through {name}, wall", walls[way], ""))
+        rows.append(("1 run", f"step transition through {name}, CPU of this process",
+                     cpu[way] / transitions * 1000, "ms per transition"))
+    return rows
 
 
 def rss_kib(pid: int) -> int:
