@@ -343,7 +343,7 @@ def test_abandoned_blocking_tools_are_counted_and_past_the_cap_fail_at_once():
     from runs.runtime.agent import Interrupted
     from runs.runtime.executor import Executor, ToolsExhausted
 
-    executor = Executor(node="edges", lease_seconds=3600, tool_threads=2)
+    executor = Executor(node="edges", lease_seconds=3600, tool_threads=2, db_threads=1)
     release = threading.Event()
 
     def blocking_tool(started: threading.Event) -> bool:
@@ -372,6 +372,7 @@ def test_abandoned_blocking_tools_are_counted_and_past_the_cap_fail_at_once():
     release.set()  # the abandoned threads return and give their slots back
     wait_until(lambda: executor.abandoned_tools == 0, 10, "the abandoned tools to return")
     assert on_loop(cancel=False) is True
+    executor.close()
 
 
 def test_worker_reports_reach_the_metrics():
@@ -381,3 +382,28 @@ def test_worker_reports_reach_the_metrics():
     text = Client().get("/metrics").content.decode()
     assert 'awaken_worker_live_attempts{owner="w1@host:7"} 3.0' in text
     assert 'awaken_worker_abandoned_tools{owner="w1@host:7"} 1.0' in text
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_live_cancel_taken_while_a_pause_commits_is_not_lost():
+    """The attempt saw no cancel at its boundary, then a live-only cancel (no intent) cancels
+    its token while the pause commits: the run is awaiting, so the cancel goes durable."""
+    from runs.runtime.executor import Executor
+
+    executor = Executor(node="edges-pause", lease_seconds=3600, db_threads=2)
+    run, generation = running_run()
+    token = CancellationToken()
+    ctx = Context(run_id=str(run.id), generation=generation, input={}, state={}, resume=None,
+                  token=token, host=executor)
+    ctx.entry = Entry(str(run.id), generation, token, loop=executor.loop)
+    token.cancel(Why("command", actor="olga", source="api", at=timezone.now()))
+
+    try:
+        asyncio.run_coroutine_threadsafe(
+            executor.pause(ctx, reason="manual_pause", prompt=None), executor.loop).result(10)
+    finally:
+        executor.close()
+    run = Run.objects.select_related("control").get(pk=run.id)
+    assert (run.state, run.end_cause) == ("ended", "cancelled")
+    assert run.control.requested_by == "olga" and run.control.applied_via == "durable"

@@ -306,3 +306,45 @@ def test_a_lost_dispatch_is_sent_again(worker, api, settings):
     Run.objects.filter(pk=run.id).update(dispatched_at=run.created_at)  # "sent", then lost
     sweep_until(lambda: run_of(run.id).state == RunState.ENDED, 10, "the re-dispatch")
     assert run_of(run.id).end_cause == "completed"
+
+
+def test_the_live_inbox_takes_messages_and_wakes_in_order(worker, api):
+    run_id = create(api, "demo.inbox", {"until": {"done": True}})
+    wait_state(run_id, RunState.RUNNING)
+
+    def deliver(body):
+        response = api.post(f"/api/runs/{run_id}/deliver/", body, format="json")
+        assert response.status_code == 200, response.json()
+        assert response.json() == {"delivered": True, "generation": 1}
+
+    deliver({"command": "message", "message": {"n": 1}})
+    deliver({"command": "wake"})
+    deliver({"command": "message", "message": ["two", 2]})
+    deliver({"command": "message", "message": {"done": True}})
+    run = wait_state(run_id, RunState.ENDED)
+    assert run.end_cause == "completed"
+    assert run.output == {"messages": [{"n": 1}, ["two", 2], {"done": True}]}
+    assert run.steps == 4  # the wake is a step with no message
+    assert_one_clean_end(run_id)
+
+
+def test_a_pause_reaches_an_attempt_waiting_on_its_inbox(worker, api):
+    run_id = create(api, "demo.inbox")
+    wait_state(run_id, RunState.RUNNING)
+    paused = api.post(f"/api/runs/{run_id}/pause/?wait=10", format="json")
+    assert paused.status_code == 200, paused.json()
+    assert paused.json()["state"] == "awaiting"
+
+
+def test_a_parent_awaiting_input_leaves_its_children_running_until_it_is_cancelled(worker, api):
+    parent = create(api, "demo.parent", {"children": 2, "then_wait_for_input": True})
+    wait_state(parent, RunState.AWAITING)
+    children = list(Run.objects.filter(parent_id=parent).values_list("id", flat=True))
+    assert len(children) == 2
+    for child in children:
+        wait_state(child, RunState.RUNNING)
+    assert api.post(f"/api/runs/{parent}/cancel/", {}, format="json").json()["end_cause"] == (
+        "cancelled")
+    for child in children:
+        run = wait_state(child, RunState.ENDED)
+        assert run.end_cause == "cancelled" and str(run.control.caused_by_id) == parent

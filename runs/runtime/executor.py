@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 
 from runs import domain
@@ -60,6 +60,28 @@ class Executor:
         self._tool_slots = asyncio.Semaphore(self._tool_slots_size)
         self.loop.create_task(self._renew_forever())
         self.loop.run_forever()
+
+    def close(self) -> None:
+        """Close its database threads' connections and stop its loop. A worker process just
+        exits; this is for an executor made in a process that goes on (a test)."""
+        size = self._db._max_workers
+        together = threading.Barrier(size)
+
+        def close_connections(_):
+            together.wait(10)  # one call per thread: each closes its own connection
+            connections.close_all()
+
+        list(self._db.map(close_connections, range(size)))
+        self._db.shutdown()
+
+        async def stop():
+            tasks = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            asyncio.get_running_loop().stop()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop)
 
     # --- entry from the Celery task ----------------------------------------------------------
 
