@@ -14,10 +14,11 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from runs.sockets import routing  # noqa: E402
 from runs.sockets.auth import SocketAuth  # noqa: E402
+from runs.sockets.flow import WriteFlow  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": django_asgi_app,
-    "websocket": SocketAuth(URLRouter(routing.websocket_urlpatterns)),
+    "websocket": WriteFlow(SocketAuth(URLRouter(routing.websocket_urlpatterns))),
 })
 
 # Everything loaded so far lives as long as the process: keep it out of the cyclic

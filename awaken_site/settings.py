@@ -5,8 +5,10 @@ broker); production points ``DATABASE_URL`` at PostgreSQL and ``REDIS_URL`` (or
 ``CELERY_BROKER_URL``) at a real broker. A bad value fails loudly at start-up.
 """
 
+import hashlib
 import importlib.util
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -223,21 +225,60 @@ AWAKEN_MAX_CRASH_RETRIES = envnumber("AWAKEN_MAX_CRASH_RETRIES", "3", minimum=0)
 
 REDIS_URL = os.getenv("REDIS_URL", "")
 
-if REDIS_URL:
-    CHANNEL_LAYERS = {
-        "default": {
-            # Redis pub/sub: a group message reaches each process once and fans out there,
-            # with no per-channel capacity to overflow. Every process must use this same
-            # layer: the core and pub/sub layers do not talk to each other.
-            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            # redis-py 8 reads with a 5 s socket timeout by default (django/channels_redis#422);
-            # this layer reads in 0.1 s slices, so the explicit value only bounds a dead link.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15,
-                                  "socket_connect_timeout": 2}]},
-        }
+
+def channel_prefix(database: dict) -> str:
+    """The channel layer's prefix: ``AWAKEN_CHANNEL_PREFIX``, else one derived from the
+    database's name. Redis pub/sub ignores database numbers, so deployments that share a
+    Redis server are kept apart only by the names of their channels."""
+    prefix = os.getenv("AWAKEN_CHANNEL_PREFIX", "")
+    if not prefix:
+        name = str(database["NAME"])
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")
+        if len(slug) > 40:  # a long SQLite path: its end, and a digest of the whole
+            slug = f"{slug[-31:]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+        prefix = f"awaken.{slug}."
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,60}", prefix):
+        raise ImproperlyConfigured("AWAKEN_CHANNEL_PREFIX must be 1 to 60 letters, digits, "
+                                   f"'_', '.' or '-', not {prefix!r}")
+    return prefix
+
+
+AWAKEN_CHANNEL_PREFIX = channel_prefix(DATABASES["default"])
+
+
+def redis_channel_layer(url: str, prefix: str) -> dict:
+    """The channel layer on the Redis server at ``url``, its names prefixed with ``prefix``."""
+    return {
+        # Redis pub/sub: a group message reaches each process once and fans out there,
+        # with no per-channel capacity to overflow. Every process must use this same
+        # layer: the core and pub/sub layers do not talk to each other.
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        # redis-py 8 reads with a 5 s socket timeout by default (django/channels_redis#422);
+        # this layer reads in 0.1 s slices, so the explicit value only bounds a dead link.
+        "CONFIG": {"hosts": [{"address": url, "socket_timeout": 15, "socket_connect_timeout": 2}],
+                   "prefix": prefix},
     }
+
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {"default": redis_channel_layer(REDIS_URL, AWAKEN_CHANNEL_PREFIX)}
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --- Sockets --------------------------------------------------------------------------
+
+# A run whose representation is larger is pushed without its input, output and ticket
+# prompt, marked "truncated" (API.md): this bounds the channel layer's messages too. A
+# snapshot is cut to fit 512 KiB, under daphne's 1 MiB limit for a websocket message.
+AWAKEN_PUSH_RUN_BYTES = envnumber("AWAKEN_PUSH_RUN_BYTES", "65536", minimum=1024)
+if AWAKEN_PUSH_RUN_BYTES > 262144:
+    raise ImproperlyConfigured("AWAKEN_PUSH_RUN_BYTES must be at most 262144")
+# What a socket may hold for a client that does not read before it is closed: its queue,
+# besides the connection's own write buffer (64 KiB) and one message.
+AWAKEN_SOCKET_BUFFER_BYTES = envnumber("AWAKEN_SOCKET_BUFFER_BYTES", "1048576", minimum=524288)
+# How often each web process re-checks the sessions, tokens and users of its open sockets.
+AWAKEN_SOCKET_RECHECK_SECONDS = envnumber("AWAKEN_SOCKET_RECHECK_SECONDS", "2", kind=float,
+                                          minimum=0.05)
 
 CELERY_BROKER_URL = os.getenv("CELERY_BROKER_URL") or REDIS_URL or "memory://"
 CELERY_BROKER_TRANSPORT_OPTIONS = (

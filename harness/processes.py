@@ -79,7 +79,10 @@ def environment(extra: dict | None = None) -> dict:
     The settings module is this process's too: Django read its name from
     DJANGO_SETTINGS_MODULE, which the child inherits (the tests' settings in a test run).
     """
-    env = {**os.environ, "DATABASE_URL": database_url()}
+    # The channels of this process, whatever the database's name: pytest renames it for the
+    # test database after the settings have derived the prefix from it.
+    env = {**os.environ, "DATABASE_URL": database_url(),
+           "AWAKEN_CHANNEL_PREFIX": settings.AWAKEN_CHANNEL_PREFIX}
     for key, value in (extra or {}).items():
         if value is None:
             env.pop(key, None)

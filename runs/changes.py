@@ -27,7 +27,8 @@ from contextlib import contextmanager
 
 from channels.layers import get_channel_layer
 
-from runs.domain.representation import change_text
+from runs.domain import selectors
+from runs.domain.representation import change_text, run_data
 
 log = logging.getLogger(__name__)
 
@@ -61,53 +62,85 @@ class Watch:
         self._changed.set()
 
     def next(self, timeout: float) -> dict | None:
-        """Wait up to ``timeout`` for a push; the newest snapshot, or None on time-out."""
+        """Wait up to ``timeout`` for a push; the newest snapshot, or None on time-out. A run
+        pushed truncated is read whole: the caller answers with the run as the API shows it."""
         if not self._changed.wait(timeout):
             return None
         self._changed.clear()
         with self._lock:
-            return self.run
+            run = self.run
+        if run is not None and run.get("truncated"):
+            run = run_data(selectors.run_get(run["id"]))
+        return run
 
 
 class Outbox:
     """What one socket has yet to be sent, and the task of its own that sends it.
 
-    ``put`` never waits. A socket more than ``limit`` messages behind is not worth keeping
-    up: ``overflow`` is called once (the socket closes itself, and its client resumes after
-    the last seq it saw when it reconnects).
+    ``put`` never waits. A socket more than ``limit`` messages or ``max_bytes`` behind is not
+    worth keeping up: ``overflow`` is called once (the socket closes itself, and its client
+    resumes after the last seq it saw when it reconnects). ``writable``, if given, is awaited
+    before each send and returns once the connection takes more, so that what a client does
+    not read waits here, counted, and not in the server's write buffer. A ``held`` outbox
+    sends nothing until ``release``.
     """
 
-    def __init__(self, send, overflow, *, limit: int = 1000):
-        self._send, self._overflow, self._limit = send, overflow, limit
+    def __init__(self, send, overflow, *, limit: int = 1000, max_bytes: int | None = None,
+                 writable=None, held: bool = False):
+        self._send, self._overflow, self._writable = send, overflow, writable
+        self._limit, self._max_bytes = limit, max_bytes
         self._queue: deque[str] = deque()
+        self._bytes = 0
         self._ready = asyncio.Event()
+        self._released = asyncio.Event()
+        if not held:
+            self._released.set()
         self._task = asyncio.get_running_loop().create_task(self._write())
         self.loop = asyncio.get_running_loop()
         self.closed = False
 
     def put(self, text: str) -> None:  # on the socket's loop
+        self._add(text, first=False)
+
+    def release(self, first: str) -> None:
+        """Start sending: ``first``, then whatever was put meanwhile."""
+        self._add(first, first=True)
+        self._released.set()
+
+    def _add(self, text: str, *, first: bool) -> None:
         if self.closed:
             return
-        if len(self._queue) >= self._limit:
+        if len(self._queue) >= self._limit or (
+                self._max_bytes is not None and self._bytes + len(text) > self._max_bytes):
             self.close()
             self.loop.create_task(self._overflow())
             return
-        self._queue.append(text)
+        if first:
+            self._queue.appendleft(text)
+        else:
+            self._queue.append(text)
+        self._bytes += len(text)
         self._ready.set()
 
     async def _write(self) -> None:
+        await self._released.wait()
         while True:
             await self._ready.wait()
             self._ready.clear()
             while self._queue:
+                if self._writable is not None:
+                    await self._writable()
+                text = self._queue.popleft()
+                self._bytes -= len(text)
                 try:
-                    await self._send(self._queue.popleft())
+                    await self._send(text)
                 except Exception:
                     log.info("a socket could not be written", exc_info=True)
 
     def close(self) -> None:
         self.closed = True
         self._queue.clear()
+        self._bytes = 0
         self._task.cancel()
 
 
@@ -187,6 +220,11 @@ class Stream:
                 followers.discard(outbox)
                 if not followers:
                     del self._sockets[run_id]
+
+    def followers(self) -> int:
+        """How many sockets of this process follow the stream."""
+        with self._lock:
+            return sum(len(outboxes) for outboxes in self._sockets.values())
 
     @contextmanager
     def watch(self, run_id, *, timeout: float = 2.0):

@@ -4,12 +4,17 @@ channel layer's group expiry, feeding sockets that cannot hold each other up."""
 import asyncio
 import itertools
 import json
+import re
 import time
 import uuid
 
 import pytest
 from asgiref.sync import async_to_sync
+from channels_redis.pubsub import RedisPubSubChannelLayer
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
+from awaken_site.settings import channel_prefix, redis_channel_layer
 from runs.changes import Outbox, stream
 
 versions = itertools.count(1)
@@ -101,5 +106,127 @@ def test_a_socket_too_far_behind_is_closed_once():
         await asyncio.sleep(0)  # let the overflow task run
         assert overflowed == [True]
         assert outbox.closed
+
+    async_to_sync(body)()
+
+
+def test_a_socket_whose_connection_takes_nothing_holds_a_bounded_queue():
+    """While the connection is full, messages wait in the outbox, counted in bytes: one
+    more than it may hold closes the socket."""
+    async def body():
+        sent, overflowed = [], []
+        connection_free = asyncio.Event()
+
+        async def send(text):
+            sent.append(text)
+
+        async def overflow():
+            overflowed.append(True)
+
+        outbox = Outbox(send, overflow, max_bytes=1000, writable=connection_free.wait)
+        for n in range(3):
+            outbox.put(f"{n}" * 300)
+        await asyncio.sleep(0)
+        assert sent == [] and not outbox.closed  # 900 bytes wait for the connection
+        connection_free.set()
+        deadline = time.monotonic() + 5
+        while len(sent) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert sent == [f"{n}" * 300 for n in range(3)]
+
+        connection_free.clear()
+        for n in range(3):
+            outbox.put(f"{n}" * 300)
+        assert not outbox.closed
+        outbox.put("x" * 101)  # 1001 bytes waiting
+        await asyncio.sleep(0)
+        assert outbox.closed and overflowed == [True]
+
+    async_to_sync(body)()
+
+
+def test_a_held_outbox_sends_what_it_is_released_with_first():
+    async def body():
+        sent = []
+
+        async def send(text):
+            sent.append(text)
+
+        async def nothing():
+            pass
+
+        outbox = Outbox(send, nothing, held=True)
+        outbox.put("push 1")
+        outbox.put("push 2")
+        await asyncio.sleep(0.01)
+        assert sent == []
+        outbox.release("snapshot")
+        deadline = time.monotonic() + 5
+        while len(sent) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert sent == ["snapshot", "push 1", "push 2"]
+        outbox.close()
+
+    async_to_sync(body)()
+
+
+def test_the_channel_prefix_is_derived_from_the_database_name(monkeypatch):
+    monkeypatch.delenv("AWAKEN_CHANNEL_PREFIX", raising=False)
+    names = ["awaken", "awaken_staging", "/srv/a/" + "d" * 80 + "/awaken.sqlite3",
+             "/srv/b/" + "d" * 80 + "/awaken.sqlite3"]
+    prefixes = [channel_prefix({"NAME": name}) for name in names]
+    assert len(set(prefixes)) == len(names)
+    assert prefixes[0] == "awaken.awaken."
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]{1,60}", prefix) for prefix in prefixes)
+    assert channel_prefix({"NAME": "awaken"}) == prefixes[0]  # every process agrees
+
+    monkeypatch.setenv("AWAKEN_CHANNEL_PREFIX", "blue.")
+    assert channel_prefix({"NAME": "awaken"}) == "blue."
+    monkeypatch.setenv("AWAKEN_CHANNEL_PREFIX", "blue green")
+    with pytest.raises(ImproperlyConfigured):
+        channel_prefix({"NAME": "awaken"})
+
+
+def test_the_redis_layer_is_prefixed():
+    config = redis_channel_layer("redis://127.0.0.1:6379/3", "awaken.blue.")
+    assert config["CONFIG"]["prefix"] == "awaken.blue."
+    if settings.REDIS_URL:
+        prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]
+        assert prefix == settings.AWAKEN_CHANNEL_PREFIX
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis (REDIS_URL)")
+def test_deployments_that_share_a_redis_server_never_hear_each_other():
+    """Two deployments on one Redis server, as settings configure them: a message of one
+    never reaches the other. (Their database numbers would not keep them apart: Redis
+    pub/sub ignores them.)"""
+
+    def layer(database_name: str):
+        config = redis_channel_layer(settings.REDIS_URL,
+                                     channel_prefix({"NAME": database_name}))
+        return RedisPubSubChannelLayer(**config["CONFIG"])
+
+    async def body():
+        blue, green = layer("awaken_blue"), layer("awaken_green")
+        try:
+            listening = {}
+            for name, deployment in (("blue", blue), ("green", green)):
+                channel = await deployment.new_channel()
+                await deployment.group_add("runs", channel)
+                listening[name] = channel
+                # A round trip: the subscription is in place before anyone publishes.
+                await deployment.group_send("runs", {"type": "ping"})
+                assert await asyncio.wait_for(deployment.receive(channel), 5) == {
+                    "type": "ping"}
+            await blue.group_send("runs", {"type": "run.changed", "text": "blue's run"})
+            await green.group_send("runs", {"type": "run.changed", "text": "green's run"})
+            # Each hears its own message first: the other's, published before it, would
+            # have come first on the same server.
+            for name, deployment in (("green", green), ("blue", blue)):
+                heard = await asyncio.wait_for(deployment.receive(listening[name]), 5)
+                assert heard["text"] == f"{name}'s run"
+        finally:
+            await blue.flush()
+            await green.flush()
 
     async_to_sync(body)()

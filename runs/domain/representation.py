@@ -5,10 +5,15 @@ these functions write. The API's serializers declare the same shapes for validat
 OpenAPI document; a test holds the two to the same output. Plain functions, because a run
 is represented on every transition of every run (DRF rebuilt each declared field per
 object, which cost more than the database work).
+
+Sockets get a run whole unless it is too large (``AWAKEN_PUSH_RUN_BYTES``): then without its
+input, output and ticket prompt, and with ``"truncated": true``. A snapshot is kept under
+``SNAPSHOT_BYTES`` by truncating its largest runs first, so one large run never fails it.
 """
 
 import json
 
+from django.conf import settings
 from django.utils import timezone
 
 from runs.models import Event, Run
@@ -67,12 +72,48 @@ def event_data(event: Event) -> dict:
             "data": event.data, "at": when(event.at)}
 
 
+# Daphne refuses to send a websocket message over 1 MiB; a snapshot stays well under it.
+SNAPSHOT_BYTES = 512 * 1024
+
+
+def truncated(data: dict) -> dict:
+    """A run's representation without the values a client or an agent sized: what is
+    pushed of a run too large to push whole."""
+    cut = {key: value for key, value in data.items() if key not in ("input", "output")}
+    if cut["ticket"] is not None:
+        cut["ticket"] = {key: value for key, value in cut["ticket"].items() if key != "prompt"}
+    cut["truncated"] = True
+    return cut
+
+
+def pushed(data: dict) -> str:
+    """A run's representation encoded for a socket: whole, or truncated if larger than
+    ``AWAKEN_PUSH_RUN_BYTES``. JSON escapes every non-ASCII character, so a text's length is
+    its size in bytes."""
+    text = json.dumps(data)
+    return text if len(text) <= settings.AWAKEN_PUSH_RUN_BYTES else json.dumps(truncated(data))
+
+
 def change_text(*, run: Run, event: Event) -> str:
     """The ``run.changed`` socket message for one committed event, encoded once."""
-    return json.dumps({"type": "run.changed", "seq": event.seq, "event": event_data(event),
-                       "run": run_data(run)})
+    return (f'{{"type": "run.changed", "seq": {event.seq}, '
+            f'"event": {json.dumps(event_data(event))}, "run": {pushed(run_data(run))}}}')
 
 
 def snapshot_text(*, seq: int, runs: list[Run]) -> str:
-    """The ``snapshot`` socket message: the newest seq, then the runs."""
-    return json.dumps({"type": "snapshot", "seq": seq, "runs": [run_data(run) for run in runs]})
+    """The ``snapshot`` socket message: the newest seq, then the runs, within
+    ``SNAPSHOT_BYTES``: the largest runs are truncated first, and if every run is and it is
+    still too large, the oldest runs are left out (the page loads them)."""
+    datas = [run_data(run) for run in runs]
+    texts = [pushed(data) for data in datas]
+    head = f'{{"type": "snapshot", "seq": {seq}, "runs": ['
+    room = SNAPSHOT_BYTES - len(head) - 2
+    size = sum(len(text) for text in texts) + 2 * max(len(texts) - 1, 0)  # with ", "
+    for i in sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True):
+        if size <= room:
+            break
+        cut = json.dumps(truncated(datas[i]))
+        size, texts[i] = size - len(texts[i]) + len(cut), cut
+    while texts and size > room:
+        size -= len(texts.pop()) + (2 if texts else 0)
+    return head + ", ".join(texts) + "]}"

@@ -3,18 +3,55 @@
 Thin consumers: authenticate and authorize before accepting, follow the change stream, send
 a snapshot, then forward each committed change. They write nothing. A client may ask to
 ``resume`` after the last ``seq`` it saw; the server replays committed events from the
-events table.
+events table. Anything else a client sends is answered with an error, and the socket stays
+open. Everything a socket sends goes through its outbox, which bounds what a client that does
+not read can hold; however a socket ends, it leaves the change stream and the guard.
 """
 
 import json
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 
 from runs.changes import Outbox, stream
 from runs.domain import selectors
 from runs.domain.errors import RunNotFound
 from runs.domain.roles import is_viewer
+from runs.sockets.flow import SCOPE_KEY as FLOW
+from runs.sockets.guard import REVOKED, Pass, guard
+
+MAX_COMMAND_CHARS = 1024  # a resume is some 40
+MAX_SEQ = 2**63 - 1  # seq is a bigint
+FELL_BEHIND = 4008  # the close code of a socket whose client stopped reading
+
+
+class InvalidCommand(ValueError):
+    """A client message that is not a known, well-formed command; its text says why."""
+
+
+def resume_after(text_data: str | None) -> int:
+    """The ``after`` of a well-formed ``{"type": "resume", "after": SEQ}``."""
+    if text_data is None:
+        raise InvalidCommand("Commands are JSON text frames, not binary ones.")
+    if len(text_data) > MAX_COMMAND_CHARS:
+        raise InvalidCommand(f"A command is at most {MAX_COMMAND_CHARS} characters.")
+    try:
+        message = json.loads(text_data)
+    except (ValueError, RecursionError):
+        raise InvalidCommand("A command is a JSON object.") from None
+    if not isinstance(message, dict) or message.get("type") != "resume":
+        raise InvalidCommand('The one command is {"type": "resume", "after": <seq>}.')
+    if message.keys() != {"type", "after"}:
+        raise InvalidCommand('A resume has exactly the fields "type" and "after".')
+    after = message["after"]
+    if type(after) is not int or not 0 <= after <= MAX_SEQ:
+        raise InvalidCommand('"after" is the last seq received: a whole number, 0 or more.')
+    return after
+
+
+def error_text(detail: str) -> str:
+    return json.dumps({"type": "error", "code": "invalid", "detail": detail})
 
 
 class RunsConsumer(AsyncWebsocketConsumer):
@@ -22,6 +59,12 @@ class RunsConsumer(AsyncWebsocketConsumer):
     # change once and puts it in the outbox of every local socket that follows it.
     channel_layer_alias = None
     outbox = None
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:  # a crash or a cancel too: nothing keeps a dead socket in the fan-out
+            self.forget()
 
     async def connect(self):
         user = self.scope.get("user")
@@ -36,37 +79,65 @@ class RunsConsumer(AsyncWebsocketConsumer):
             except RunNotFound:
                 await self.close()
                 return
-        # Follow before the snapshot is read: a commit in between arrives as a push
-        # (possibly also in the snapshot; clients keep the newest version of each run).
         await self.accept()
-        self.outbox = Outbox(self.send_text, self.fell_behind)
+        flow = self.scope.get(FLOW)
+        self.outbox = Outbox(self.send_text, self.fell_behind, held=True,
+                             max_bytes=settings.AWAKEN_SOCKET_BUFFER_BYTES,
+                             writable=flow.writable if flow is not None else None)
+        guard.add(self, self.granted(user))
+        # Follow before the snapshot is read: a commit in between is sent after it (it may
+        # be in the snapshot too; clients keep the newest version of each run).
         await stream.join(self.outbox, self.run_id)
-        await self.send_text(await database_sync_to_async(selectors.socket_snapshot)(
+        self.outbox.release(await database_sync_to_async(selectors.socket_snapshot)(
             run_id=self.run_id))
 
+    def granted(self, user) -> Pass:
+        session = self.scope.get("session")
+        token_id = self.scope.get("awaken.token")
+        return Pass(user.pk, session_key=session.session_key if token_id is None else None,
+                    token_id=token_id)
+
     async def disconnect(self, code):
+        self.forget()
+
+    def forget(self) -> None:
+        """Leave the change stream and the guard; once, however the socket ends."""
+        guard.discard(self)
         if self.outbox is not None:
             stream.leave(self.outbox, self.run_id)
             self.outbox.close()
+            self.outbox = None
 
     async def receive(self, text_data=None, bytes_data=None):
-        try:
-            message = json.loads(text_data or "")
-            after = int(message["after"]) if message.get("type") == "resume" else None
-        except (ValueError, TypeError, KeyError):
-            after = None
-        if after is None or after < 0:
-            await self.send_text(json.dumps({
-                "type": "error", "code": "invalid",
-                "detail": 'Send {"type": "resume", "after": <seq>}.'}))
+        if self.outbox is None:
             return
-        for text in await database_sync_to_async(selectors.replay)(after=after,
-                                                                   run_id=self.run_id):
-            await self.send_text(text)
+        try:
+            after = resume_after(text_data)
+        except InvalidCommand as problem:
+            self.outbox.put(error_text(str(problem)))
+            return
+        replay = await database_sync_to_async(selectors.replay)(after=after, run_id=self.run_id)
+        for text in replay:
+            if self.outbox is None:
+                break
+            self.outbox.put(text)
 
     async def send_text(self, text: str) -> None:
         await self.send(text_data=text)
 
     async def fell_behind(self) -> None:
         """The socket's client stopped reading: close it (it resumes when it reconnects)."""
-        await self.close(code=4008)
+        self.forget()
+        await self.close(code=FELL_BEHIND)
+
+    async def revoke(self) -> None:
+        """The socket's pass no longer holds (logout, deactivation, lost role or token)."""
+        self.forget()
+        await self.close(code=REVOKED)
+
+
+class Refused(AsyncWebsocketConsumer):
+    """Any other socket path: the handshake is refused (HTTP 403)."""
+
+    async def connect(self):
+        await self.close()
