@@ -5,12 +5,11 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
-from rest_framework.authtoken.models import Token
 
 from awaken_site.asgi import application
 from runs import domain as services
 from runs.models import Event
-from tests.conftest import browser_for, make_user
+from tests.conftest import api_key_for, browser_for, make_user
 from tests.factories import queued_run
 
 # Transactional: the consumers' database calls close and reopen connections, as they do
@@ -34,8 +33,7 @@ def session_cookie(user) -> tuple:
 
 
 def token_header(user) -> tuple:
-    token, _ = Token.objects.get_or_create(user=user)
-    return (b"authorization", f"Token {token.key}".encode())
+    return (b"authorization", f"Token {api_key_for(user)}".encode())
 
 
 def run_async(coroutine_function):

@@ -8,15 +8,18 @@ from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.contrib.auth.models import AnonymousUser
-from rest_framework.authtoken.models import Token
+
+from runs.domain.errors import TooManyFailures
+from runs.domain.keys import user_for_api_key
 
 
 @database_sync_to_async
-def user_for_token(key: str):
-    token = Token.objects.select_related("user").filter(key=key).first()
-    if token is None or not token.user.is_active:
+def user_for_token(key: str, address: str):
+    """The same check as the REST API's, throttle included; refused means anonymous."""
+    try:
+        return user_for_api_key(key=key, address=address) or AnonymousUser()
+    except TooManyFailures:
         return AnonymousUser()
-    return token.user
 
 
 class SocketAuth:
@@ -28,6 +31,7 @@ class SocketAuth:
         header = dict(scope.get("headers", [])).get(b"authorization", b"").decode("latin-1")
         kind, _, key = header.partition(" ")
         if kind == "Token" and key:
-            scope = {**scope, "user": await user_for_token(key.strip())}
+            address = (scope.get("client") or [""])[0] or ""
+            scope = {**scope, "user": await user_for_token(key.strip(), address)}
             return await self.token_app(scope, receive, send)
         return await self.browser_app(scope, receive, send)
