@@ -1,8 +1,12 @@
 """API keys: kept as digests, shown once (command and admin), carried over from DRF's plain
 tokens, and throttled when checks fail, on the REST API and the socket handshake alike."""
 
+import http.cookiejar
 import re
 import secrets
+import urllib.error
+import urllib.parse
+import urllib.request
 from datetime import UTC, datetime
 
 import pytest
@@ -11,6 +15,7 @@ from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
+from django.test import Client
 from rest_framework.test import APIClient
 
 from awaken_site.asgi import application
@@ -234,6 +239,8 @@ def socket_connects(key: str, address: str) -> bool:
     return async_to_sync(body)()
 
 
+# Transactional, as in tests/test_consumers.py: the consumer closes and reopens connections.
+@pytest.mark.django_db(transaction=True)
 def test_the_socket_handshake_checks_keys_with_the_same_throttle(key, clock):
     queued_run()
     assert socket_connects(key, "10.0.3.1")
@@ -244,9 +251,23 @@ def test_the_socket_handshake_checks_keys_with_the_same_throttle(key, clock):
     assert socket_connects(key, "10.0.3.2")
 
 
+def login_status(base: str, username: str, password: str) -> int:
+    """A login through the form of the site at ``base``, as a browser does it."""
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    opener.open(f"{base}/accounts/login/", timeout=10).read()
+    csrf = next(cookie.value for cookie in jar if cookie.name == "csrftoken")
+    form = urllib.parse.urlencode({"username": username, "password": password,
+                                   "csrfmiddlewaretoken": csrf}).encode()
+    try:
+        return opener.open(f"{base}/accounts/login/", form, timeout=10).status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
 @pytest.mark.skipif(not HAS_SERVICES, reason="needs PostgreSQL and Redis for a web process")
 @pytest.mark.django_db(transaction=True)
-def test_failures_counted_here_lock_the_key_in_another_web_process(key):
+def test_failures_counted_here_lock_keys_and_logins_in_another_web_process(key):
     from harness.processes import Processes, Web
 
     with Processes() as processes:
@@ -257,3 +278,8 @@ def test_failures_counted_here_lock_the_key_in_another_web_process(key):
         fail(LIMIT, "127.0.0.1")
         status, body = web.call("GET", "/api/runs/", token=key)
         assert (status, body["code"]) == (429, "throttled")
+
+        for _ in range(LIMIT):
+            Client(REMOTE_ADDR="127.0.0.2").post(
+                "/accounts/login/", {"username": "olga", "password": "wrong"})
+        assert login_status(web.base, "olga", "pw-olga") == 429
