@@ -20,6 +20,7 @@ from rest_framework.test import APIClient
 
 from awaken_site.asgi import application
 from runs.domain.keys import api_key_issue, key_digest
+from runs.domain.throttle import failure_record
 from runs.models import ApiKey, AuthFailure, AuthScope
 from tests.conftest import HAS_SERVICES, browser_for, db_state, make_user
 from tests.factories import queued_run
@@ -219,6 +220,17 @@ def test_idle_counts_are_deleted(clock):
     fail(1, "10.0.0.2")
     assert set(AuthFailure.objects.filter(scope=AuthScope.ADDRESS).values_list(
         "ident", flat=True)) == {"10.0.0.2"}
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_failures_at_the_same_instant_all_count(gang):
+    threads = gang(6)
+    rounds = 8
+    for n in range(rounds):  # a new address and prefix each round: every round races to insert
+        idents = [(AuthScope.ADDRESS, f"10.0.9.{n}"), (AuthScope.KEY_PREFIX, f"prefix-{n}")]
+        assert threads.run([lambda idents=idents: failure_record(idents)] * 6) == [None] * 6
+    assert sorted(AuthFailure.objects.values_list("failures", flat=True)) == [6] * 2 * rounds
 
 
 def from_address(address: str):

@@ -14,7 +14,7 @@ from math import ceil
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from runs.models import AuthFailure, AuthScope
@@ -43,25 +43,28 @@ def locked_for(idents: list[Ident]) -> int:
 def failure_record(idents: list[Ident]) -> None:
     """Count one failure for each of ``idents``.
 
-    1. Delete the counts idle for a lockout period: they have expired, and a count that
-       starts again starts from a fresh row.
-    2. Add one to the row of each ident, or insert it. Two checks failing at once for a new
-       ident both insert; the loser of the unique constraint adds to the winner's row.
+    1. Delete the counts idle for a lockout period: they have expired.
+    2. Add one to the row of each ident (or start it again at one, if it expired since), or
+       insert it. Two checks failing at once for a new ident both insert; the loser of the
+       unique constraint adds to the winner's row. Each row is written in a statement of
+       its own, so no two checks wait on each other for long.
     """
     now = timezone.now()
-    with transaction.atomic():
-        AuthFailure.objects.filter(last_failed_at__lte=now - _period()).delete()
-        for scope, ident in idents:
-            if _add_one(scope, ident, now):
-                continue
-            try:
-                with transaction.atomic():
-                    AuthFailure.objects.create(scope=scope, ident=ident, failures=1,
-                                               last_failed_at=now)
-            except IntegrityError:
-                _add_one(scope, ident, now)
+    expired = now - _period()
+    AuthFailure.objects.filter(last_failed_at__lte=expired).delete()
+    for scope, ident in idents:
+        if _add_one(scope, ident, now, expired):
+            continue
+        try:
+            with transaction.atomic():
+                AuthFailure.objects.create(scope=scope, ident=ident, failures=1,
+                                           last_failed_at=now)
+        except IntegrityError:
+            _add_one(scope, ident, now, expired)
 
 
-def _add_one(scope: AuthScope, ident: str, now) -> bool:
+def _add_one(scope: AuthScope, ident: str, now, expired) -> bool:
     return bool(AuthFailure.objects.filter(scope=scope, ident=ident).update(
-        failures=F("failures") + 1, last_failed_at=now))
+        failures=Case(When(last_failed_at__lte=expired, then=Value(1)),
+                      default=F("failures") + 1),
+        last_failed_at=now))
