@@ -13,6 +13,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -75,10 +76,10 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.humanize",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "axes",
     "runs",
 ]
 # The development harness (benchmarks, the processes the tests start) is a folder of the
@@ -88,6 +89,7 @@ if importlib.util.find_spec("harness") is not None:
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -95,6 +97,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a refused login into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "awaken_site.urls"
@@ -159,6 +163,11 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# django-axes first: a locked-out login is refused before any password is hashed.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
@@ -187,12 +196,49 @@ SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", "0")
 if envbool("BEHIND_TLS_PROXY", "0"):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
+# The browser pages run no inline script and load nothing from other origins. Styles come
+# from files too (style attributes set from JavaScript are allowed; inline ones are not).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
+
+# --- Throttling of logins and API keys --------------------------------------------------
+
+# After this many failed logins or key checks, each less than the lockout period after the
+# one before, from one address or for one username (key prefix), further tries are refused
+# with 429 until the lockout period has passed since the last failure.
+AWAKEN_AUTH_FAILURES = envnumber("AWAKEN_AUTH_FAILURES", "10", minimum=1)
+AWAKEN_AUTH_LOCKOUT_SECONDS = envnumber("AWAKEN_AUTH_LOCKOUT_SECONDS", "900", kind=float,
+                                        minimum=1)
+# Logins: django-axes, its counts in the database (so they hold across web processes).
+AXES_FAILURE_LIMIT = "runs.pages.logins.failure_limit"
+AXES_COOLOFF_TIME = "runs.pages.logins.lockout_period"
+AXES_LOCKOUT_CALLABLE = "runs.pages.logins.locked_out"
+AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
+# A refused try is not counted: it neither extends the lockout nor writes anything.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_DISABLE_ACCESS_LOG = True
+AXES_VERBOSE = False
+# The address is the connection's (REMOTE_ADDR), never a header the client chose.
+AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
+
 # --- REST API -------------------------------------------------------------------------
 
 REST_FRAMEWORK = {
     # Token first: its WWW-Authenticate header makes anonymous calls 401, not 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "runs.api.authentication.ApiKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["runs.api.permissions.IsViewer"],
@@ -306,7 +352,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.getenv("LOG_LEVEL", "INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}},
+    "loggers": {"django.channels.server": {"level": "WARNING"},
+                # Axes logs each failed login at WARNING, and its bookkeeping at INFO.
+                "axes": {"level": "WARNING"}},
 }
 
 # Live attempts one worker process holds at most, and its database threads.

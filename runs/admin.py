@@ -5,13 +5,17 @@ import uuid
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
+from django.db import transaction
 from django.shortcuts import render
+from django.utils.cache import add_never_cache_headers
 
 from runs import domain
-from runs.domain import selectors
+from runs.domain import keys, selectors
 from runs.domain.errors import ServiceError
 from runs.domain.roles import is_operator
-from runs.models import Attempt, ControlIntent, Event, ResumeTicket, Run
+from runs.models import ApiKey, Attempt, AuthFailure, ControlIntent, Event, ResumeTicket, Run
 
 SOURCE = "admin"
 
@@ -205,3 +209,50 @@ class EventAdmin(ReadOnlyAdmin):
     search_fields = ["=run__id", "actor"]
     list_select_related = ["run"]
     raw_id_fields = ["run"]
+
+
+@admin.action(description="Make a new API key (shown once; replaces the old one)",
+              permissions=["change"])
+def make_api_keys(modeladmin, request, queryset):
+    """Keys are stored hashed: this page is the only place they are ever shown, so no key
+    is replaced unless the page is made."""
+    with transaction.atomic():
+        made = [(user, keys.api_key_issue(user=user)) for user in queryset.order_by("pk")]
+        page = render(request, "admin/runs/api_keys.html", {
+            **modeladmin.admin_site.each_context(request),
+            "title": "New API keys",
+            "made": made,
+            "opts": modeladmin.model._meta,
+        })
+    add_never_cache_headers(page)
+    return page
+
+
+User = get_user_model()
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class UserWithKeysAdmin(UserAdmin):
+    actions = [*UserAdmin.actions, make_api_keys]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(ReadOnlyAdmin):
+    """Who has a key and since when; new keys are made on the users' page. Deleting a key
+    revokes it."""
+
+    list_display = ["user", "prefix", "created_at"]
+    search_fields = ["user__username", "=prefix"]
+    list_select_related = ["user"]
+    fields = ["user", "prefix", "created_at"]
+
+
+@admin.register(AuthFailure)
+class AuthFailureAdmin(ReadOnlyAdmin):
+    """Failed key checks counted by the throttle. Deleting a row lifts its lockout (failed
+    logins are under Axes)."""
+
+    list_display = ["scope", "ident", "failures", "last_failed_at"]
+    list_filter = ["scope"]
+    search_fields = ["=ident"]

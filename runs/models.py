@@ -1,4 +1,5 @@
-"""Runs, their attempts, resume tickets, control intents and the event log.
+"""Runs, their attempts, resume tickets, control intents and the event log; API keys and the
+counts of failed key checks.
 
 Every invariant that can be stated over one row (or one table) is a named database
 constraint; the transitions that keep the cross-table ones true live in
@@ -10,6 +11,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 
 class RunState(models.TextChoices):
@@ -478,3 +480,63 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.owner
+
+
+class ApiKey(models.Model):
+    """A user's API key, kept as its SHA-256 digest: the key itself is shown once, when made.
+
+    One per user; making a new one replaces it (``runs.domain.keys.api_key_issue``).
+    """
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="api_key")
+    prefix = models.CharField(
+        max_length=8, help_text="The key's first characters: tell keys apart, prove nothing.")
+    digest = models.CharField(max_length=64, help_text="SHA-256 of the key, in hex.")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "API key"
+        constraints = [
+            # Every token check looks its key up by digest (keys.user_for_api_key).
+            models.UniqueConstraint(fields=["digest"], name="runs_apikey_digest_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… of {self.user}"
+
+
+class AuthScope(models.TextChoices):
+    ADDRESS = "address", "Client address"  # every failed key check from one address
+    KEY_PREFIX = "key_prefix", "Key prefix"  # every failed check of keys that start alike
+
+
+class AuthFailure(models.Model):
+    """Recent failed API-key checks of one client address or one key prefix.
+
+    A failure more than a lockout period after the one before starts the count again
+    (``runs.domain.throttle``).
+    """
+
+    scope = models.CharField(max_length=16, choices=AuthScope.choices)
+    ident = models.CharField(max_length=64, help_text="The address, or the key prefix.")
+    failures = models.PositiveIntegerField()
+    last_failed_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(scope__in=AuthScope.values), name="runs_authfailure_scope_valid"
+            ),
+            # One count per address or prefix: two checks failing at once add to the same row
+            # (throttle.failure_record).
+            models.UniqueConstraint(fields=["scope", "ident"],
+                                    name="runs_authfailure_one_per_ident"),
+        ]
+        indexes = [
+            # Counts left idle for a lockout period are deleted (throttle.failure_record).
+            models.Index(fields=["last_failed_at"], name="runs_authfailure_last_failed"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.failures} failure(s) of {self.get_scope_display().lower()} {self.ident}"

@@ -5,11 +5,11 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import connections
 from django.test import Client
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from harness.processes import EmbeddedSite, Processes, Worker
-from runs.models import Attempt, ControlIntent, Event, ResumeTicket, Run
+from runs.domain.keys import api_key_issue, key_digest
+from runs.models import ApiKey, Attempt, ControlIntent, Event, ResumeTicket, Run
 
 ON_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
 
@@ -37,11 +37,22 @@ def browser_for(user: User | None = None, **options) -> Client:
     return client
 
 
+_keys: dict[int, str] = {}
+
+
+def api_key_for(user: User) -> str:
+    """A working API key of ``user``: the one made for it before, while it is still stored
+    (keys are shown once, and making a new one would revoke the old)."""
+    key = _keys.get(user.pk)
+    if key is None or not ApiKey.objects.filter(user=user, digest=key_digest(key)).exists():
+        key = _keys[user.pk] = api_key_issue(user=user)
+    return key
+
+
 def client_for(user: User | None) -> APIClient:
     client = APIClient()
     if user is not None:
-        token, _ = Token.objects.get_or_create(user=user)
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {api_key_for(user)}")
     return client
 
 

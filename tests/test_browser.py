@@ -195,3 +195,52 @@ def test_login_rejects_a_wrong_password(browser, embedded_site):
     page.click('button[type="submit"]')
     assert re.search("didn't match", page.content())
     page.close()
+
+
+def test_no_page_breaks_the_content_security_policy(browser, embedded_site):
+    """Every page, logged in as a staff operator: no CSP violation and no script error, and
+    each page does its work (its scripts ran)."""
+    _, run = embedded_site.call("POST", "/api/runs/", {
+        "agent": "demo.parent", "input": {"children": 1, "child_agent": "demo.hang"}})
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.set_default_timeout(10_000)
+    problems = []
+    page.on("console", lambda message: problems.append(message.text)
+            if "Content Security Policy" in message.text else None)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    shown = {
+        "/accounts/login/": 'input[name="username"]',
+        "/": '#live[data-status="live"]',
+        f"/runs/{run['id']}/": '.tree li[data-depth="0"] .badge',
+        "/admin/": "#site-name",
+        f"/admin/runs/run/{run['id']}/change/": "#run_form",
+        "/admin/auth/user/": "#changelist-form",
+        "/api/docs/": ".swagger-ui .info .title",
+    }
+    for path, selector in shown.items():
+        if path != "/accounts/login/" and "/accounts/login/" in page.url:
+            page.fill('input[name="username"]', "admin")
+            page.fill('input[name="password"]', embedded_site.admin_password)
+            page.click('button[type="submit"]')
+        response = page.goto(f"{embedded_site.base}{path}")
+        assert "script-src 'self'" in response.headers["content-security-policy"], path
+        page.wait_for_selector(selector, state="attached")
+        page.wait_for_load_state("networkidle")
+        assert problems == [], (path, problems)
+    # The admin's page that shows a new API key once, reached through its action.
+    embedded_site.add_user("keyholder", "keyholder-password-1", "viewer")
+    page.goto(f"{embedded_site.base}/admin/auth/user/")
+    page.check('tr:has(th a:text-is("keyholder")) input.action-select')
+    page.select_option('select[name="action"]', "make_api_keys")
+    page.click('button[name="index"]')
+    key = page.text_content("code.api-key")
+    assert embedded_site.call("GET", "/api/runs/", token=key)[0] == 200
+    assert problems == [], ("the new key's page", problems)
+    # The listener sees a violation when there is one: an injected inline script is refused.
+    with page.expect_console_message(
+            lambda message: "Content Security Policy" in message.text) as refused:
+        page.evaluate("""() => { const s = document.createElement('script');
+            s.textContent = 'window.__inline_ran = true'; document.body.append(s); }""")
+    assert "inline script" in refused.value.text and problems
+    assert page.evaluate("window.__inline_ran") is None
+    page.close()

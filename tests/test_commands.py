@@ -1,8 +1,10 @@
 import pytest
 from django.core.management import CommandError, call_command
-from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
 
+from runs.domain.keys import key_digest
 from runs.domain.roles import is_operator, is_viewer
+from runs.models import ApiKey
 from tests.conftest import client_for, make_user
 
 pytestmark = pytest.mark.django_db
@@ -16,24 +18,42 @@ def token_of(*args) -> str:
     return out.getvalue()
 
 
-def test_create_prints_only_the_token_and_makes_an_operator():
+def status_with(key: str) -> int:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    return client.get("/api/runs/").status_code
+
+
+def test_create_prints_only_the_key_and_makes_an_operator():
     from django.contrib.auth.models import User
 
     printed = token_of("bot", "--create")
     assert printed.endswith("\n") and printed.count("\n") == 1
     user = User.objects.get(username="bot")
-    assert Token.objects.get(user=user).key == printed.strip()
+    # It should store the key's digest, never the key.
+    stored = ApiKey.objects.get(user=user)
+    assert stored.digest == key_digest(printed.strip()) and printed.strip() not in str(
+        ApiKey.objects.filter(user=user).values().get())
     assert is_operator(user) and not user.has_usable_password()
+    assert status_with(printed.strip()) == 200
 
 
-def test_the_same_token_is_printed_again():
-    first = token_of("bot", "--create")
-    assert token_of("bot") == first
+def test_each_call_makes_a_new_key_and_the_old_one_stops_working():
+    first = token_of("bot", "--create").strip()
+    second = token_of("bot").strip()
+    assert second != first
+    assert status_with(second) == 200
+    assert status_with(first) == 401
+    assert ApiKey.objects.filter(user__username="bot").count() == 1
+
+
+def test_the_help_says_that_keys_are_shown_once():
+    from runs.management.commands.operator_token import Command
+
+    assert "previous key stops working" in Command.help
 
 
 def test_a_viewer_token_reads_but_cannot_control():
-    from rest_framework.test import APIClient
-
     key = token_of("watcher", "--create", "--role", "viewer").strip()
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {key}")

@@ -9,17 +9,17 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
 from django.middleware.csrf import CsrfViewMiddleware
 from django.test import RequestFactory
-from rest_framework.authtoken.models import Token
 
 from awaken_site.asgi import application
 from runs import domain as services
 from runs.changes import stream
 from runs.domain import selectors
+from runs.domain.keys import api_key_issue
 from runs.domain.representation import SNAPSHOT_BYTES
 from runs.domain.selectors import SNAPSHOT_SIZE
-from runs.models import Event
+from runs.models import ApiKey, Event
 from runs.sockets.guard import guard
-from tests.conftest import browser_for, make_user
+from tests.conftest import api_key_for, browser_for, make_user
 from tests.factories import queued_run
 
 # Transactional: the consumers' database calls close and reopen connections, as they do
@@ -44,8 +44,7 @@ def session_cookie(user) -> tuple:
 
 
 def token_header(user) -> tuple:
-    token, _ = Token.objects.get_or_create(user=user)
-    return (b"authorization", f"Token {token.key}".encode())
+    return (b"authorization", f"Token {api_key_for(user)}".encode())
 
 
 def run_async(coroutine_function):
@@ -412,13 +411,16 @@ def revoke_pass(user, browser, how: str) -> None:
     elif how == "password-changed":
         user.set_password("another-password")
         user.save(update_fields=["password"])
-    elif how == "token-deleted":
-        Token.objects.filter(user=user).delete()
+    elif how == "key-revoked":
+        ApiKey.objects.filter(user=user).delete()
+    elif how == "key-replaced":
+        api_key_issue(user=user)
 
 
 @pytest.mark.parametrize("how, credential", [
     ("logout", "session"), ("deactivated", "session"), ("role-removed", "session"),
-    ("password-changed", "session"), ("deactivated", "token"), ("token-deleted", "token"),
+    ("password-changed", "session"), ("deactivated", "token"), ("key-revoked", "token"),
+    ("key-replaced", "token"),
 ])
 def test_a_socket_is_closed_once_its_pass_no_longer_holds(viewer, settings, how, credential):
     settings.AWAKEN_SOCKET_RECHECK_SECONDS = 0.1

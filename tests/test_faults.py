@@ -9,10 +9,10 @@ import subprocess
 import time
 
 import pytest
-from rest_framework.authtoken.models import Token
 
 from harness.processes import Processes, Web, Worker, free_port, wait_until
 from runs import domain
+from runs.domain.keys import api_key_issue
 from runs.models import ControlIntent, Run, RunState
 from tests.conftest import make_user
 
@@ -59,7 +59,7 @@ def system(settings):
             worker = processes.add(Worker(lease_seconds=1.5, extra_env=private,
                                           broker=redis.url))
             processes.wait_ready(30)
-            web.token = Token.objects.create(user=make_user("faulty", "operator")).key
+            web.token = api_key_issue(user=make_user("faulty", "operator"))
             yield redis, web, worker
     finally:
         if redis.up():

@@ -10,10 +10,10 @@ from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, given, settings
-from rest_framework.authtoken.models import Token
 from rest_framework.utils.encoders import JSONEncoder
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from runs.domain.keys import api_key_issue
 from tests.conftest import make_user
 from tests.factories import awaiting_run, queued_run
 
@@ -44,7 +44,7 @@ def token(request, settings):
     queued_run()
     awaiting_run()
     user = make_user(f"fuzz-{request.param}", request.param)
-    return Token.objects.create(user=user).key
+    return api_key_issue(user=user)
 
 
 @pytest.mark.parametrize("label", sorted(OPERATIONS))

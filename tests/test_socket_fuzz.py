@@ -15,12 +15,11 @@ import string
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
-from rest_framework.authtoken.models import Token
 
 from awaken_site.asgi import application
 from runs import domain as services
 from runs.models import Event
-from tests.conftest import make_user
+from tests.conftest import api_key_for, make_user
 from tests.factories import queued_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -109,7 +108,7 @@ def test_random_and_malformed_frames_never_break_a_socket(role, capsys):
     services.run_cancel(run_id=run.id, actor="fuzz", source="api")
     last_seq = Event.objects.latest("seq").seq
     user = make_user(f"fuzz-{role}", role)
-    headers = [(b"authorization", f"Token {Token.objects.create(user=user).key}".encode())]
+    headers = [(b"authorization", f"Token {api_key_for(user)}".encode())]
     kinds: dict[str, int] = {}
 
     async def body():

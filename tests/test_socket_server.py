@@ -11,12 +11,11 @@ import time
 
 import pytest
 from django.conf import settings
-from rest_framework.authtoken.models import Token
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from harness.processes import Web, wait_until
-from tests.conftest import browser_for, make_user
+from tests.conftest import api_key_for, browser_for, make_user
 from tests.factories import queued_run
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -81,7 +80,7 @@ def test_clients_that_stop_reading_are_disconnected_and_cost_a_bounded_buffer(we
     """Each stalled client asks for replays of some 800 KB, 20 times over: 16 MB each that
     daphne would otherwise hold for it."""
     viewer = make_user("slow", "viewer")
-    token = Token.objects.create(user=viewer).key
+    token = api_key_for(viewer)
     for _ in range(40):
         queued_run(input={"blob": "x" * 20_000})
 

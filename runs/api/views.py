@@ -15,7 +15,8 @@ from runs.domain.errors import InvalidRequest, NotActive
 from runs.domain.representation import event_data, run_data
 from runs.models import RunState
 
-ERRORS = {code: s.ErrorSerializer for code in (400, 401, 403, 404, 409)}
+# 429: a token check refused while its address or key prefix is locked (runs.domain.throttle).
+ERRORS = {code: s.ErrorSerializer for code in (400, 401, 403, 404, 409, 429)}
 
 
 def query(serializer_class, request) -> dict:

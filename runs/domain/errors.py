@@ -53,3 +53,14 @@ class Fenced(ServiceError):
     """An attempt whose generation or lease is no longer current; it may commit nothing."""
 
     code = "fenced"
+
+
+class TooManyFailures(ServiceError):
+    """Too many failed key checks lately from this address or for this key prefix."""
+
+    code = "throttled"
+    status = 429
+
+    def __init__(self, retry_after: int):
+        super().__init__(f"Too many failed key checks; try again in {retry_after} seconds.")
+        self.retry_after = retry_after

@@ -17,21 +17,30 @@ from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIRequest
 from django.utils.http import is_same_domain
-from rest_framework.authtoken.models import Token
+
+from runs.domain.errors import TooManyFailures
+from runs.domain.keys import key_digest, user_for_api_key
+from runs.models import ApiKey
 
 
 @database_sync_to_async
-def token_holder(key: str) -> tuple:
-    """The active user a token key belongs to, and the token's id; anonymous otherwise."""
-    token = Token.objects.select_related("user").filter(key=key).first()
-    if token is None or not token.user.is_active:
+def token_holder(key: str, address: str) -> tuple:
+    """The active user an API key belongs to, checked as the REST API checks it (throttle
+    included), and the key's digest, which names the key while the socket is open;
+    anonymous (and None) otherwise."""
+    try:
+        user = user_for_api_key(key=key, address=address)
+    except TooManyFailures:
+        user = None
+    if user is None:
         return AnonymousUser(), None
-    return token.user, token.pk
+    return user, key_digest(key)
 
 
-def token_users(token_ids) -> dict:
-    """The tokens of ``token_ids`` that still exist, with the id of the user of each."""
-    return dict(Token.objects.filter(pk__in=token_ids).values_list("pk", "user_id"))
+def token_users(digests) -> dict:
+    """The keys among ``digests`` that still exist (not revoked, not replaced), with the id
+    of the user of each."""
+    return dict(ApiKey.objects.filter(digest__in=digests).values_list("digest", "user_id"))
 
 
 def origin_allowed(scope) -> bool:
@@ -72,8 +81,9 @@ class SocketAuth:
         header = dict(scope.get("headers", [])).get(b"authorization", b"").decode("latin-1")
         kind, _, key = header.partition(" ")
         if kind == "Token" and key:
-            user, token_id = await token_holder(key.strip())
-            scope = {**scope, "user": user, "awaken.token": token_id}
+            address = (scope.get("client") or [""])[0] or ""
+            user, digest = await token_holder(key.strip(), address)
+            scope = {**scope, "user": user, "awaken.token": digest}
             return await self.token_app(scope, receive, send)
         if not origin_allowed(scope):
             return await WebsocketDenier()(scope, receive, send)

@@ -2,13 +2,15 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
-from rest_framework.authtoken.models import Token
 
+from runs.domain.keys import api_key_issue
 from runs.domain.roles import ROLES
 
 
 class Command(BaseCommand):
-    help = "Print a user's API token alone on one line (with --create, make the user first)."
+    help = ("Make a new API key for a user and print it alone on one line (with --create, make "
+            "the user first). Keys are stored hashed and shown only when made, so every call "
+            "makes a fresh key, and the user's previous key stops working.")
 
     def add_arguments(self, parser):
         parser.add_argument("username")
@@ -31,5 +33,4 @@ class Command(BaseCommand):
         if role:
             user.groups.remove(*Group.objects.filter(name__in=ROLES).exclude(name=role))
             user.groups.add(Group.objects.get(name=role))
-        token, _ = Token.objects.get_or_create(user=user)
-        self.stdout.write(token.key)
+        self.stdout.write(api_key_issue(user=user))

@@ -1,0 +1,70 @@
+"""Failed API-key checks, counted per client address and per key prefix.
+
+The rule is django-axes' rule for logins: after ``AWAKEN_AUTH_FAILURES`` failures, each less
+than ``AWAKEN_AUTH_LOCKOUT_SECONDS`` after the one before, the address or prefix is locked
+until that long after its last failure. The counts are rows of ``AuthFailure``, so they hold
+across web processes, on SQLite and PostgreSQL alike. A check refused while locked is not
+counted: a flood of them costs one indexed read each and writes nothing.
+"""
+
+import operator
+from datetime import timedelta
+from functools import reduce
+from math import ceil
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Case, F, Q, Value, When
+from django.utils import timezone
+
+from runs.models import AuthFailure, AuthScope
+
+Ident = tuple[AuthScope, str]
+
+
+def _period() -> timedelta:
+    return timedelta(seconds=settings.AWAKEN_AUTH_LOCKOUT_SECONDS)
+
+
+def _matching(idents: list[Ident]) -> Q:
+    return reduce(operator.or_, (Q(scope=scope, ident=ident) for scope, ident in idents))
+
+
+def locked_for(idents: list[Ident]) -> int:
+    """Whole seconds until none of ``idents`` is locked any more; 0 when none is."""
+    now, period = timezone.now(), _period()
+    lasts = AuthFailure.objects.filter(
+        _matching(idents), failures__gte=settings.AWAKEN_AUTH_FAILURES,
+        last_failed_at__gt=now - period,
+    ).values_list("last_failed_at", flat=True)
+    return max((ceil((last + period - now).total_seconds()) for last in lasts), default=0)
+
+
+def failure_record(idents: list[Ident]) -> None:
+    """Count one failure for each of ``idents``.
+
+    1. Delete the counts idle for a lockout period: they have expired.
+    2. Add one to the row of each ident (or start it again at one, if it expired since), or
+       insert it. Two checks failing at once for a new ident both insert; the loser of the
+       unique constraint adds to the winner's row. Each row is written in a statement of
+       its own, so no two checks wait on each other for long.
+    """
+    now = timezone.now()
+    expired = now - _period()
+    AuthFailure.objects.filter(last_failed_at__lte=expired).delete()
+    for scope, ident in idents:
+        if _add_one(scope, ident, now, expired):
+            continue
+        try:
+            with transaction.atomic():
+                AuthFailure.objects.create(scope=scope, ident=ident, failures=1,
+                                           last_failed_at=now)
+        except IntegrityError:
+            _add_one(scope, ident, now, expired)
+
+
+def _add_one(scope: AuthScope, ident: str, now, expired) -> bool:
+    return bool(AuthFailure.objects.filter(scope=scope, ident=ident).update(
+        failures=Case(When(last_failed_at__lte=expired, then=Value(1)),
+                      default=F("failures") + 1),
+        last_failed_at=now))
