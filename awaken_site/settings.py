@@ -273,7 +273,10 @@ CELERY_TASK_DEFAULT_QUEUE = os.getenv("AWAKEN_QUEUE", "awaken")
 CELERY_BEAT_SCHEDULE = {
     "sweep": {"task": "runs.sweep", "schedule": max(1.0, AWAKEN_LEASE_SECONDS / 3)},
 }
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Beat keeps its schedule in memory: the schedule is the one above, and the sweep runs every
+# few seconds, so there is nothing worth keeping between starts, and beat needs no writable
+# directory (the default scheduler's file under var/ made it fail on a bare checkout).
+CELERY_BEAT_SCHEDULER = "celery.beat:Scheduler"
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0.1,
                                     "interval_step": 0.2, "interval_max": 0.5}
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
