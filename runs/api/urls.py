@@ -1,5 +1,5 @@
 from django.urls import path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularSwaggerView
 
 from runs.api import views
 
@@ -15,6 +15,6 @@ urlpatterns = [
     path("runs/<str:run_id>/pause/", views.RunPauseView.as_view(), name="runs-pause"),
     path("runs/<str:run_id>/deliver/", views.RunDeliverView.as_view(), name="runs-deliver"),
     path("events/", views.EventListView.as_view(), name="runs-events-all"),
-    path("schema/", SpectacularAPIView.as_view(), name="runs-schema"),
+    path("schema/", views.SchemaView.as_view(), name="runs-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="runs-schema"), name="runs-docs"),
 ]
