@@ -65,7 +65,9 @@ class SyncChainASGIHandler(ASGIHandler):
                 return body
 
     async def refuse_too_large(self, send):
-        await self.send_response(JsonResponse(too_large_body(), status=413), send)
+        response = JsonResponse(too_large_body(), status=413)
+        response["Content-Length"] = len(response.content)  # no middleware ran to add it
+        await self.send_response(response, send)
 
 
 def declared_length(scope) -> int:
