@@ -243,7 +243,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["runs.api.permissions.IsViewer"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["runs.api.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "runs.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -260,12 +260,26 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "runs.api.schema.refuse_unknown_fields"],
 }
 
 # --- Run control ----------------------------------------------------------------------
 
 AWAKEN_LEASE_SECONDS = envnumber("AWAKEN_LEASE_SECONDS", "15", kind=float, minimum=0.5)
 AWAKEN_MAX_CRASH_RETRIES = envnumber("AWAKEN_MAX_CRASH_RETRIES", "3", minimum=0)
+
+# --- Limits on input ------------------------------------------------------------------
+
+# A request body over this is answered 413 before it is read (awaken_site/handlers.py);
+# Django's own check, which DRF's JSON parser goes through, uses the same figure.
+AWAKEN_MAX_BODY_BYTES = envnumber("AWAKEN_MAX_BODY_BYTES", str(1024 * 1024), minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = AWAKEN_MAX_BODY_BYTES
+# A run's input (and a resume's), as compact UTF-8 JSON.
+AWAKEN_MAX_INPUT_BYTES = envnumber("AWAKEN_MAX_INPUT_BYTES", str(256 * 1024), minimum=2)
+# A run in a list page whose input and output, as stored, together take more than this is
+# listed without them and with "truncated": true; /api/runs/{id}/ has it whole.
+AWAKEN_LIST_PAYLOAD_BYTES = envnumber("AWAKEN_LIST_PAYLOAD_BYTES", str(16 * 1024), minimum=0)
 
 # --- Channels and Celery --------------------------------------------------------------
 
@@ -377,7 +391,10 @@ CELERY_TASK_DEFAULT_QUEUE = os.getenv("AWAKEN_QUEUE", "awaken")
 CELERY_BEAT_SCHEDULE = {
     "sweep": {"task": "runs.sweep", "schedule": max(1.0, AWAKEN_LEASE_SECONDS / 3)},
 }
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Beat keeps its schedule in memory: the schedule is the one above, and the sweep runs every
+# few seconds, so there is nothing worth keeping between starts, and beat needs no writable
+# directory (the default scheduler's file under var/ made it fail on a bare checkout).
+CELERY_BEAT_SCHEDULER = "celery.beat:Scheduler"
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0.1,
                                     "interval_step": 0.2, "interval_max": 0.5}
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -5,6 +5,7 @@ import uuid
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.db import transaction
@@ -89,7 +90,7 @@ def resume_runs(modeladmin, request, queryset):
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows are written by the services only."""
+    """Rows are written by the services only, and never deleted: they are the audit trail."""
 
     def has_add_permission(self, request):
         return False
@@ -97,8 +98,19 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+    def has_delete_permission(self, request, obj=None):
+        return False
+
     def has_control_permission(self, request):
         return is_operator(request.user)
+
+    def get_changelist_instance(self, request):
+        # PostgreSQL cannot take a NUL character as a parameter (a filter or a search would
+        # fail the page), and no stored value holds one: answered as a bad lookup is.
+        if any("\x00" in key or "\x00" in value
+               for key, values in request.GET.lists() for value in values):
+            raise IncorrectLookupParameters("A NUL character in the filters.")
+        return super().get_changelist_instance(request)
 
 
 class EventInline(admin.TabularInline):

@@ -2,9 +2,10 @@
 
 import pytest
 
-from runs.models import Event, ResumeTicket, Run, TicketState
+from runs import domain as services
+from runs.models import Attempt, ControlIntent, Event, ResumeTicket, Run, TicketState
 from tests.conftest import browser_for, make_user
-from tests.factories import awaiting_run, queued_run
+from tests.factories import awaiting_run, queued_run, running_run
 
 pytestmark = pytest.mark.django_db
 
@@ -97,3 +98,53 @@ def test_search_by_id(staff_operator):
     run, other = queued_run(), queued_run()
     page = staff_operator.get("/admin/runs/run/", {"q": str(run.id)})
     assert str(run.id).encode() in page.content and str(other.id).encode() not in page.content
+
+
+# --- the audit trail is kept: nothing is deleted in the admin -------------------------------
+
+
+@pytest.fixture
+def superuser(db):
+    return browser_for(make_user("root", is_staff=True, is_superuser=True))
+
+
+@pytest.fixture
+def audit_trail(db) -> dict:
+    """A row of every run-control model: a running run asked to stop (attempt, intent,
+    events) and an awaiting run (ticket)."""
+    running, _ = running_run()
+    services.run_stop(run_id=running.id, actor="ada", source="admin", reason="r")
+    awaiting, ticket_id = awaiting_run()
+    return {"run": running.pk, "attempt": Attempt.objects.get(run=running).pk,
+            "controlintent": ControlIntent.objects.get(run=running).pk,
+            "resumeticket": ticket_id, "event": Event.objects.filter(run=running).first().pk}
+
+
+def trail() -> dict:
+    return {model.__name__: model.objects.count()
+            for model in (Run, Attempt, ResumeTicket, ControlIntent, Event)}
+
+
+@pytest.mark.parametrize("model", ["run", "attempt", "resumeticket", "controlintent", "event"])
+def test_no_one_can_delete_a_row_of_the_audit_trail(superuser, audit_trail, model):
+    before = trail()
+    pk = audit_trail[model]
+    page = superuser.get(f"/admin/runs/{model}/")
+    assert page.status_code == 200 and b"delete_selected" not in page.content
+    assert superuser.get(f"/admin/runs/{model}/{pk}/delete/").status_code == 403
+    assert superuser.post(f"/admin/runs/{model}/{pk}/delete/", {"post": "yes"}).status_code == 403
+    # The bulk action, asked for by name as a crafted form would.
+    act(superuser, model, "delete_selected", [pk], post="yes")
+    assert trail() == before
+
+
+@pytest.mark.parametrize("url", [
+    "/admin/runs/run/?q=%00", "/admin/runs/run/?agent=%00", "/admin/runs/run/?state__exact=a%00",
+    "/admin/runs/event/?actor=%00", "/admin/runs/attempt/?owner=%00", "/admin/runs/run/?%00=1",
+])
+def test_a_nul_in_a_filter_or_search_is_a_bad_lookup(staff_operator, url):
+    # It should answer as Django's admin answers any bad lookup: back to the list, flagged.
+    queued_run()
+    response = staff_operator.get(url)
+    assert response.status_code == 302
+    assert response["Location"].endswith("?e=1")

@@ -7,12 +7,14 @@ from datetime import timedelta
 import pytest
 import yaml
 from django.utils import timezone
+from drf_spectacular.generators import SchemaGenerator
 from rest_framework import serializers
 from rest_framework.test import APIClient
 from rest_framework.utils.encoders import JSONEncoder
 
 from runs import domain as services
 from runs.api.serializers import EventSerializer, RunSerializer
+from runs.domain import selectors
 from runs.models import Event, Run
 from tests.conftest import browser_for, client_for, db_state
 from tests.factories import awaiting_run, queued_run, running_run
@@ -186,6 +188,88 @@ def test_schema_is_served_to_users(viewer_client):
     assert viewer_client.get("/api/docs/").status_code == 200
 
 
+def test_the_schema_refuses_in_json_like_the_rest_of_the_api(anon_client, stranger):
+    for client, status, code in [(anon_client, 401, "not_authenticated"),
+                                 (client_for(stranger), 403, "permission_denied")]:
+        response = client.get("/api/schema/")
+        assert response.status_code == status
+        assert response["Content-Type"] == "application/json"
+        assert response.json()["code"] == code
+
+
+# --- hostile input: refused before anything is stored ---------------------------------------
+
+
+def nested(depth: int) -> str:
+    """A JSON array ``depth`` levels deep, as text (``json.dumps`` would recurse)."""
+    return "[" * depth + "]" * depth
+
+
+def test_json_nested_64_deep_is_accepted_and_65_is_not(op_client):
+    # The body is an object (1) holding input (2): 62 arrays more make 64 levels.
+    fits = '{"agent": "demo.steps", "input": {"a": ' + nested(62) + "}}"
+    over = '{"agent": "demo.steps", "input": {"a": ' + nested(63) + "}}"
+    created = op_client.generic("POST", "/api/runs/", fits, content_type="application/json")
+    assert created.status_code == 201, created.json()
+    refused = op_client.generic("POST", "/api/runs/", over, content_type="application/json")
+    assert (refused.status_code, refused.json()["code"]) == (400, "invalid")
+    assert "64" in refused.json()["detail"]
+    assert Run.objects.count() == 1
+
+
+def test_unicode_beyond_the_basic_plane_is_text_not_a_surrogate(op_client):
+    body = r'{"agent": "demo.steps", "input": {"\u00e9": "\ud83d\ude00 \u00e9"}}'
+    response = op_client.generic("POST", "/api/runs/", body, content_type="application/json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["input"] == {"é": "😀 é"}
+    assert Run.objects.get().input == {"é": "😀 é"}
+
+
+def test_a_lone_surrogate_stores_nothing_and_every_page_still_answers(op_client, operator):
+    queued_run()
+    before = db_state()
+    body = r'{"agent": "demo.steps", "input": {"note": "\ud800"}}'
+    response = op_client.generic("POST", "/api/runs/", body, content_type="application/json")
+    assert (response.status_code, response.json()["code"]) == (400, "invalid")
+    assert db_state() == before
+    assert op_client.get("/api/runs/").status_code == 200
+    assert browser_for(operator).get("/").status_code == 200
+
+
+def test_an_idempotency_key_with_a_nul_is_refused(op_client):
+    response = op_client.post("/api/runs/", {"agent": "demo.steps"}, format="json",
+                              HTTP_IDEMPOTENCY_KEY="a\x00b")
+    assert (response.status_code, response.json()["code"]) == (400, "invalid")
+    assert not Run.objects.exists()
+
+
+# --- the list page: large runs listed without their input and output ------------------------
+
+
+def test_a_large_run_is_listed_truncated_and_whole_on_its_own(op_client, settings):
+    settings.AWAKEN_LIST_PAYLOAD_BYTES = 1000
+    small = queued_run(input={"note": "x" * 900})
+    large = queued_run(input={"note": "x" * 1000})
+    listed = {run["id"]: run for run in op_client.get("/api/runs/").json()["results"]}
+    assert listed[str(small.id)]["input"] == {"note": "x" * 900}
+    assert "truncated" not in listed[str(small.id)]
+    assert listed[str(large.id)]["truncated"] is True
+    assert "input" not in listed[str(large.id)] and "output" not in listed[str(large.id)]
+    assert listed[str(large.id)]["state"] == "queued"
+    whole = op_client.get(f"/api/runs/{large.id}/").json()
+    assert whole["input"] == {"note": "x" * 1000} and "truncated" not in whole
+
+
+def test_a_page_of_large_runs_stays_small(op_client):
+    # Inputs near AWAKEN_MAX_INPUT_BYTES: a page of 500 of them was 84 MB.
+    for _ in range(20):
+        queued_run(input={"note": "x" * 200_000})
+    response = op_client.get("/api/runs/?limit=500")
+    assert response.status_code == 200
+    assert all(run["truncated"] for run in response.json()["results"])
+    assert len(response.content) < 20 * 2000
+
+
 # --- every error path: the documented code, never a 500, nothing changed --------------------
 
 
@@ -198,8 +282,8 @@ def some_runs(db):
 
 UNKNOWN = str(uuid.uuid4())
 
-# (id, who, method, url, payload, status, code); a str payload is sent as the raw body, and
-# {queued}, {awaiting} and {unknown} in the url stand for those runs' ids.
+# (id, who, method, url, payload, status, code); a str or bytes payload is sent as the raw
+# body, and {queued}, {awaiting} and {unknown} in the url stand for those runs' ids.
 ERROR_CASES = [
     ("detail-of-an-unknown-run", "op", "get", "/api/runs/{unknown}/", None, 404, "not_found"),
     ("detail-of-a-malformed-id", "op", "get", "/api/runs/not-a-uuid/", None, 404, "not_found"),
@@ -294,6 +378,76 @@ ERROR_CASES = [
      "not_authenticated"),
     ("list-with-a-bad-token", "bad-token", "get", "/api/runs/", None, 401,
      "authentication_failed"),
+    ("schema-by-a-user-without-a-role", "stranger", "get", "/api/schema/", None, 403,
+     "permission_denied"),
+    # Hostile or careless input.
+    ("create-nested-5000-deep", "op", "post", "/api/runs/",
+     '{"agent": "demo.steps", "input": {"a": ' + nested(5000) + "}}", 400, "invalid"),
+    ("create-with-1e400", "op", "post", "/api/runs/",
+     '{"agent": "demo.steps", "input": {"a": 1e400}}', 400, "invalid"),
+    ("create-with-minus-1e400", "op", "post", "/api/runs/",
+     '{"agent": "demo.steps", "input": {"a": [-1e400]}}', 400, "invalid"),
+    ("create-with-nan", "op", "post", "/api/runs/",
+     '{"agent": "demo.steps", "input": {"a": NaN}}', 400, "invalid"),
+    ("create-with-infinity", "op", "post", "/api/runs/",
+     '{"agent": "demo.steps", "budget": {"max_seconds": Infinity}}', 400, "invalid"),
+    ("create-with-a-lone-surrogate", "op", "post", "/api/runs/",
+     r'{"agent": "demo.steps", "input": {"a": "\ud800"}}', 400, "invalid"),
+    ("create-with-a-lone-surrogate-key", "op", "post", "/api/runs/",
+     r'{"agent": "demo.steps", "input": {"\udfff": 1}}', 400, "invalid"),
+    ("create-with-a-nul", "op", "post", "/api/runs/",
+     r'{"agent": "demo.steps", "input": {"a": ["x\u0000"]}}', 400, "invalid"),
+    ("create-with-a-nul-thread", "op", "post", "/api/runs/",
+     r'{"agent": "demo.steps", "thread_id": "t\u0000"}', 400, "invalid"),
+    ("create-with-a-key-twice", "op", "post", "/api/runs/",
+     '{"agent": "demo.steps", "agent": "demo.fail"}', 400, "invalid"),
+    ("create-with-bad-utf8", "op", "post", "/api/runs/",
+     b'{"agent": "demo.steps", "input": {"a": "\xff"}}', 400, "parse_error"),
+    ("create-with-an-unknown-budget-key", "op", "post", "/api/runs/",
+     {"agent": "demo.steps", "budget": {"max_step": 2}}, 400, "invalid"),
+    ("create-starting-after-a-time-without-offset", "op", "post", "/api/runs/",
+     {"agent": "demo.steps", "start_after": "2030-01-01T00:00:00"}, 400, "invalid"),
+    ("create-with-an-input-over-256-kib", "op", "post", "/api/runs/",
+     {"agent": "demo.steps", "input": {"a": "x" * (256 * 1024)}}, 400, "invalid"),
+    ("create-with-a-body-over-1-mib", "op", "post", "/api/runs/",
+     {"agent": "demo.steps", "input": {"a": "x" * (1024 * 1024)}}, 413, "too_large"),
+    ("batch-nested-5000-deep", "op", "post", "/api/runs/batch/",
+     '{"runs": [{"agent": "demo.steps", "input": {"a": ' + nested(5000) + "}}]}", 400,
+     "invalid"),
+    ("batch-with-a-lone-surrogate", "op", "post", "/api/runs/batch/",
+     r'{"runs": [{"agent": "demo.steps"}, {"agent": "demo.steps", "thread_id": "\ud800"}]}',
+     400, "invalid"),
+    ("batch-with-an-unknown-budget-key", "op", "post", "/api/runs/batch/",
+     {"runs": [{"agent": "demo.steps", "budget": {"max_tokens": 5, "max_token": 5}}]}, 400,
+     "invalid"),
+    ("batch-with-an-unknown-top-level-field", "op", "post", "/api/runs/batch/",
+     {"runs": [{"agent": "demo.steps"}], "dry_run": True}, 400, "invalid"),
+    ("batch-with-a-body-over-1-mib", "op", "post", "/api/runs/batch/",
+     {"runs": [{"agent": "demo.steps", "input": {"a": "x" * 200_000}}] * 6}, 413,
+     "too_large"),
+    ("resume-with-a-lone-surrogate", "op", "post", "/api/runs/{awaiting}/resume/",
+     f'{{"ticket": "{UNKNOWN}", "input": {{"a": "\\udc00"}}}}', 400, "invalid"),
+    ("resume-nested-5000-deep", "op", "post", "/api/runs/{awaiting}/resume/",
+     f'{{"ticket": "{UNKNOWN}", "input": {nested(5000)}}}', 400, "invalid"),
+    ("resume-with-an-input-over-256-kib", "op", "post", "/api/runs/{awaiting}/resume/",
+     {"ticket": UNKNOWN, "input": ["x" * (256 * 1024)]}, 400, "invalid"),
+    ("resume-with-an-unknown-field", "op", "post", "/api/runs/{awaiting}/resume/",
+     {"ticket": UNKNOWN, "inupt": {}}, 400, "invalid"),
+    ("deliver-with-1e400", "op", "post", "/api/runs/{queued}/deliver/",
+     '{"command": "message", "message": {"n": 1e400}}', 400, "invalid"),
+    ("deliver-with-an-unknown-field", "op", "post", "/api/runs/{queued}/deliver/",
+     {"command": "wake", "urgent": True}, 400, "invalid"),
+    ("cancel-with-an-unknown-field", "op", "post", "/api/runs/{queued}/cancel/",
+     {"reasn": "typo"}, 400, "invalid"),
+    ("cancel-with-a-lone-surrogate", "op", "post", "/api/runs/{queued}/cancel/",
+     r'{"reason": "\ud800"}', 400, "invalid"),
+    ("stop-with-a-nul", "op", "post", "/api/runs/{queued}/stop/",
+     r'{"reason": "a\u0000"}', 400, "invalid"),
+    ("stop-with-an-unknown-field", "op", "post", "/api/runs/{queued}/stop/",
+     {"reason": "r", "stop_code": "policy"}, 400, "invalid"),
+    ("pause-with-a-field", "op", "post", "/api/runs/{queued}/pause/", {"now": True}, 400,
+     "invalid"),
+    ("list-with-a-nul", "op", "get", "/api/runs/?thread_id=%00", None, 400, "invalid"),
 ]
 
 
@@ -308,13 +462,13 @@ def test_every_error_path_has_its_code_and_changes_nothing(
     url = url.format(queued=some_runs["queued"].id, awaiting=some_runs["awaiting"].id,
                      unknown=UNKNOWN)
     before = db_state()
-    if isinstance(payload, str):
+    if isinstance(payload, str | bytes):
         response = client.generic(method.upper(), url, payload, content_type="application/json")
     else:
         response = getattr(client, method)(url, payload, format="json")
     assert response.status_code == status, response.content[:300]
-    # The schema endpoint answers in its own (YAML) format, errors included.
-    body = yaml.safe_load(response.content) if "schema" in url else response.json()
+    assert response["Content-Type"] == "application/json"
+    body = response.json()
     assert body["code"] == code, body
     assert isinstance(body["detail"], str) and body["detail"]
     assert db_state() == before
@@ -351,6 +505,18 @@ def runs_of_every_shape(db) -> dict:
 def test_a_plain_run_matches_the_declared_serializer(runs_of_every_shape, shape):
     run = runs_of_every_shape[shape]
     assert RunSerializer(run).data == _declared(RunSerializer, run)
+
+
+def test_a_truncated_run_matches_the_declared_serializer(runs_of_every_shape):
+    run = runs_of_every_shape["child"]
+    (listed,), _ = selectors.run_list(filters={"pk": run.pk}, payload_bytes=0)
+    whole = _declared(RunSerializer, run)
+    assert RunSerializer(listed).data == {
+        **{key: value for key, value in whole.items() if key not in ("input", "output")},
+        "truncated": True}
+    document = SchemaGenerator().get_schema(request=None, public=True)
+    assert not {"input", "output", "truncated"} & set(
+        document["components"]["schemas"]["Run"]["required"])
 
 
 def test_plain_events_match_the_declared_serializer(runs_of_every_shape):

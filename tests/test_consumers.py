@@ -337,7 +337,7 @@ def test_a_socket_leaves_the_change_stream_however_it_ends(viewer, monkeypatch):
 
 
 def test_a_run_too_large_to_push_whole_is_pushed_truncated(viewer):
-    big = {"blob": "x" * 1_100_000}
+    big = {"blob": "x" * 200_000}  # over the push limit, within the input limit
     run = queued_run(input=big)
     small = queued_run(input={"steps": 1})
     headers = [token_header(viewer)]

@@ -1,7 +1,9 @@
 """The HTTP side of the ASGI application: Django's middleware and view entered once per
-request (awaken_site/handlers.py), with the same answers as Django's own handler."""
+request (awaken_site/handlers.py), with the same answers as Django's own handler, and
+bodies over the limit refused before they are read."""
 
 import asyncio
+import json
 
 import pytest
 from asgiref.sync import SyncToAsync, async_to_sync
@@ -62,3 +64,58 @@ def test_it_answers_as_djangos_own_handler_does():
     assert mine["status"] == theirs["status"] == 200
     assert header_names == {name.lower() for name, _ in theirs["headers"]}
     assert {b"x-frame-options", b"set-cookie", b"content-type"} <= header_names
+
+
+def post(chunks: list[bytes], headers: list[tuple[bytes, bytes]]) -> tuple[int, dict, int]:
+    """One POST to /api/runs/ through the site's handler, its body sent in ``chunks``.
+    Returns the status, the JSON body, and how many chunks the handler asked for."""
+
+    async def request():
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                 "method": "POST", "scheme": "http", "path": "/api/runs/",
+                 "raw_path": b"/api/runs/", "query_string": b"", "root_path": "",
+                 "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+                             *headers],
+                 "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 80)}
+        communicator = ApplicationCommunicator(SyncChainASGIHandler(), scope)
+        for index, chunk in enumerate(chunks):
+            await communicator.send_input({"type": "http.request", "body": chunk,
+                                           "more_body": index < len(chunks) - 1})
+        start = await communicator.receive_output(timeout=10)
+        body = b""
+        while True:
+            message = await communicator.receive_output(timeout=10)
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await communicator.wait(timeout=10)
+        if start["status"] == 413:  # answered by the handler itself, whole
+            sent = {name.lower(): value for name, value in start["headers"]}
+            assert int(sent[b"content-length"]) == len(body)
+        unread = communicator.input_queue.qsize()
+        return start["status"], json.loads(body), len(chunks) - unread
+
+    return async_to_sync(request)()
+
+
+def test_a_body_announced_over_the_limit_is_refused_unread(settings):
+    settings.AWAKEN_MAX_BODY_BYTES = 2048
+    chunks = [b"x" * 1024] * 3
+    status, body, read = post(chunks, [(b"content-length", b"3072")])
+    assert (status, body["code"]) == (413, "too_large")
+    assert "2048" in body["detail"]
+    assert read == 0
+
+
+def test_a_body_found_over_the_limit_is_refused_where_it_crosses_it(settings):
+    # No Content-Length (a chunked upload): counted as it comes.
+    settings.AWAKEN_MAX_BODY_BYTES = 2048
+    status, body, read = post([b"x" * 1024] * 5, [])
+    assert (status, body["code"]) == (413, "too_large")
+    assert read == 3
+
+
+def test_a_body_within_the_limit_reaches_the_view(settings):
+    settings.AWAKEN_MAX_BODY_BYTES = 2048
+    status, body, _ = post([b'{"agent": ', b'"demo.steps"}'], [(b"content-length", b"23")])
+    assert (status, body["code"]) == (401, "not_authenticated")

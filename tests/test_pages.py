@@ -77,6 +77,14 @@ def test_filters_and_search():
     assert str(hang.id) in client.get("/", {"q": str(hang.id)}).content.decode()
 
 
+@pytest.mark.parametrize("path", ["/", "/runs/rows/"])
+def test_a_search_with_a_nul_is_a_bad_request_page(path):
+    queued_run(thread_id="t-1")
+    response = browser_for(make_user("vic", "viewer")).get(path, {"q": "t-1\x00"})
+    assert response.status_code == 400
+    assert response["Content-Type"].startswith("text/html")
+
+
 def test_load_more_pages_through_the_same_partial():
     runs = [queued_run() for _ in range(55)]
     client = browser_for(make_user("vic", "viewer"))

@@ -1,5 +1,7 @@
 """Every API error is ``{"code": str, "detail": str}`` with one status per code."""
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, JsonResponse
 from django.views.defaults import page_not_found
 from rest_framework import exceptions, status
@@ -17,6 +19,8 @@ def exception_handler(exc, context):
         return Response(body, status=exc.status)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
+    if isinstance(exc, RequestDataTooBig):
+        return Response(too_large_body(), status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
@@ -28,6 +32,12 @@ def exception_handler(exc, context):
         response.data = {"code": codes if isinstance(codes, str) else exc.default_code,
                          "detail": str(exc.detail)}
     return response
+
+
+def too_large_body() -> dict:
+    """The 413 answer to a request body over AWAKEN_MAX_BODY_BYTES."""
+    return {"code": "too_large",
+            "detail": f"The request body is larger than {settings.AWAKEN_MAX_BODY_BYTES} bytes."}
 
 
 def _first_message(detail, path="") -> str:

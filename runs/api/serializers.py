@@ -5,6 +5,7 @@ pushed on the sockets); the serializers here declare the same shapes and hand th
 ``to_representation`` to it. A test holds the two to the same output.
 """
 
+from django.utils import timezone
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
@@ -35,7 +36,30 @@ class ControlSerializer(serializers.Serializer):
         help_text="The parent run whose end (or lost attempt) asked for this one.")
 
 
-class BudgetSerializer(serializers.Serializer):
+class StrictSerializer(serializers.Serializer):
+    """A request object: a key it does not declare is refused, not ignored."""
+
+    def to_internal_value(self, data):
+        # Checked on the raw object, so it holds for nested objects and batch items too.
+        unknown = set(data) - set(self.fields) if isinstance(data, dict) else set()
+        if unknown:
+            raise serializers.ValidationError({api_settings.NON_FIELD_ERRORS_KEY: [
+                f"Unknown fields: {', '.join(sorted(unknown))}."]})
+        return super().to_internal_value(data)
+
+
+class OffsetDateTimeField(serializers.DateTimeField):
+    """An ISO 8601 time with its UTC offset: a time without one names no instant."""
+
+    default_error_messages = {"naive": "Give the time with its UTC offset (e.g. Z or +02:00)."}
+
+    def enforce_timezone(self, value):
+        if timezone.is_naive(value):
+            self.fail("naive")
+        return super().enforce_timezone(value)
+
+
+class BudgetSerializer(StrictSerializer):
     max_steps = serializers.IntegerField(allow_null=True, required=False, min_value=1,
                                          max_value=BUDGET_LIMITS["max_steps"])
     max_seconds = serializers.FloatField(allow_null=True, required=False, min_value=0.001,
@@ -56,8 +80,15 @@ class RunSerializer(serializers.ModelSerializer):
     control = ControlSerializer(allow_null=True)
     budget = BudgetSerializer(source="*")
     usage = UsageSerializer(source="*")
-    output = serializers.JSONField(allow_null=True)
-    input = serializers.JSONField()
+    output = serializers.JSONField(allow_null=True, required=False,
+                                   help_text="Left out of a list page when truncated.")
+    input = serializers.JSONField(required=False,
+                                  help_text="Left out of a list page when truncated.")
+    truncated = serializers.BooleanField(
+        required=False,
+        help_text="Present (true) on a run of a list page listed without its input and "
+                  "output, which together were over AWAKEN_LIST_PAYLOAD_BYTES; "
+                  "/api/runs/{id}/ has them.")
     actions = serializers.ListField(
         source="allowed_actions",
         child=serializers.ChoiceField(choices=Action.values),
@@ -69,7 +100,7 @@ class RunSerializer(serializers.ModelSerializer):
             "id", "agent", "input", "thread_id", "parent_id", "state", "end_cause",
             "stop_code", "stop_reason", "error", "output", "generation", "owner", "ticket",
             "control", "actions", "budget", "usage", "version", "start_after", "created_at",
-            "started_at", "ended_at", "updated_at",
+            "started_at", "ended_at", "updated_at", "truncated",
         ]
         read_only_fields = fields
 
@@ -93,56 +124,47 @@ class EventSerializer(serializers.ModelSerializer):
 # --- Requests -------------------------------------------------------------------------
 
 
-class RunCreateSerializer(serializers.Serializer):
+class RunCreateSerializer(StrictSerializer):
     agent = serializers.ChoiceField(choices=[])  # the catalogue's names, when instantiated
     input = serializers.DictField(required=False, default=dict)
     thread_id = serializers.CharField(required=False, max_length=200, allow_blank=False)
     parent_id = serializers.UUIDField(required=False, allow_null=True)
     budget = BudgetSerializer(required=False)
-    start_after = serializers.DateTimeField(required=False, allow_null=True)
+    start_after = OffsetDateTimeField(required=False, allow_null=True)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["agent"].choices = catalogue.names()
 
-    def validate_start_after(self, value):
-        if value is not None and value.tzinfo is None:
-            raise serializers.ValidationError("start_after needs a UTC offset.")
-        return value
 
-    def to_internal_value(self, data):
-        # Checked on the raw item, so it holds inside a batch as well.
-        unknown = set(data) - set(self.fields) if isinstance(data, dict) else set()
-        if unknown:
-            raise serializers.ValidationError({api_settings.NON_FIELD_ERRORS_KEY: [
-                f"Unknown fields: {', '.join(sorted(unknown))}."]})
-        return super().to_internal_value(data)
-
-
-class RunBatchCreateSerializer(serializers.Serializer):
+class RunBatchCreateSerializer(StrictSerializer):
     runs = RunCreateSerializer(many=True, allow_empty=False, max_length=MAX_BATCH,
                                help_text=f"1 to {MAX_BATCH} runs, each as for a single create.")
 
 
-class CancelSerializer(serializers.Serializer):
+class CancelSerializer(StrictSerializer):
     reason = serializers.CharField(required=False, allow_null=True, allow_blank=True,
                                    max_length=500)
 
 
-class StopSerializer(serializers.Serializer):
+class StopSerializer(StrictSerializer):
     reason = serializers.CharField(max_length=500, trim_whitespace=True)
 
 
-class ResumeSerializer(serializers.Serializer):
+class ResumeSerializer(StrictSerializer):
     ticket = serializers.UUIDField()
     input = serializers.JSONField(required=False, allow_null=True)
 
 
-class DeliverSerializer(serializers.Serializer):
+class DeliverSerializer(StrictSerializer):
     command = serializers.ChoiceField(choices=LIVE_COMMANDS)
     message = serializers.JSONField(
         required=False, allow_null=True,
         help_text="With command message: any JSON up to 64 KiB, for the attempt's live inbox.")
+
+
+class NoBodySerializer(StrictSerializer):
+    """A call that takes no body: an empty object, or nothing."""
 
 
 class DeliveredSerializer(serializers.Serializer):

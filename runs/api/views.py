@@ -1,8 +1,11 @@
 """REST endpoints: authenticate, look up, validate, call one service, answer committed state."""
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework import status
 from rest_framework.authentication import SessionAuthentication
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -10,13 +13,14 @@ from runs import domain
 from runs.api import serializers as s
 from runs.api import waiting
 from runs.api.permissions import IsOperator, IsViewer
-from runs.domain import selectors
+from runs.domain import limits, selectors
 from runs.domain.errors import InvalidRequest, NotActive
 from runs.domain.representation import event_data, run_data
 from runs.models import RunState
 
-# 429: a token check refused while its address or key prefix is locked (runs.domain.throttle).
-ERRORS = {code: s.ErrorSerializer for code in (400, 401, 403, 404, 409, 429)}
+# 429: a token check refused while its address or key prefix is locked (runs.domain.throttle);
+# 413: a body over AWAKEN_MAX_BODY_BYTES.
+ERRORS = {code: s.ErrorSerializer for code in (400, 401, 403, 404, 409, 413, 429)}
 
 
 def query(serializer_class, request) -> dict:
@@ -57,7 +61,9 @@ class RunListView(OperatorPostMixin, APIView):
         """Runs, newest first."""
         filters = query(s.RunListQuery, request)
         limit, cursor = filters.pop("limit"), filters.pop("cursor", None)
-        page, next_cursor = selectors.run_list(filters=filters, cursor=cursor, limit=limit)
+        page, next_cursor = selectors.run_list(
+            filters=filters, cursor=cursor, limit=limit,
+            payload_bytes=settings.AWAKEN_LIST_PAYLOAD_BYTES)
         next_url = None
         if next_cursor:
             params = request.query_params.copy()
@@ -74,8 +80,10 @@ class RunListView(OperatorPostMixin, APIView):
         """Create a run; replaying an Idempotency-Key returns the first run (200)."""
         data = validated(s.RunCreateSerializer, request)
         key = request.headers.get("Idempotency-Key") or None
-        if key is not None and len(key) > 200:
-            raise InvalidRequest("Idempotency-Key is longer than 200 characters.")
+        if key is not None:
+            if len(key) > 200:
+                raise InvalidRequest("Idempotency-Key is longer than 200 characters.")
+            limits.check_text(key, "Idempotency-Key")
         run, created = domain.run_create(
             agent=data["agent"], input=data.get("input"), thread_id=data.get("thread_id"),
             parent_id=data.get("parent_id"), budget=data.get("budget"),
@@ -199,6 +207,7 @@ class RunPauseView(ControlView):
         """Pause a running run at its next step boundary: 200 once awaiting with a ticket,
         202 while it is still running; 409 ``not_active`` if it was not running when asked
         or ended before reaching a boundary (``run`` is the committed run)."""
+        validated(s.NoBodySerializer, request)
         wait = query(s.WaitQuery, request)["wait"]
         try:
             run = domain.run_pause(run_id=run_id, actor=actor(request), source=source(request))
@@ -228,3 +237,13 @@ class RunDeliverView(ControlView):
                                  message=data.get("message"), actor=actor(request),
                                  source=source(request))
         return Response({"delivered": True, "generation": run.generation})
+
+
+class SchemaView(SpectacularAPIView):
+    """The OpenAPI document (YAML or JSON, as asked); its errors are JSON like the API's."""
+
+    def handle_exception(self, exc):
+        response = super().handle_exception(exc)
+        self.request.accepted_renderer = JSONRenderer()
+        self.request.accepted_media_type = JSONRenderer.media_type
+        return response

@@ -44,13 +44,21 @@ def control_data(intent) -> dict | None:
             "caused_by": None if intent.caused_by_id is None else str(intent.caused_by_id)}
 
 
+# Left out of a run loaded without them (a large run in a list page).
+PAYLOAD = frozenset({"input", "output"})
+
+
 def run_data(run: Run) -> dict:
-    """The representation of ``run``."""
-    return {
-        "id": str(run.id), "agent": run.agent, "input": run.input, "thread_id": run.thread_id,
+    """The representation of ``run``. A run loaded without its input and output (see
+    ``selectors.run_list``) is written without them and with ``"truncated": true``."""
+    truncated = not PAYLOAD.isdisjoint(run.get_deferred_fields())
+    data = {
+        "id": str(run.id), "agent": run.agent, "input": None if truncated else run.input,
+        "thread_id": run.thread_id,
         "parent_id": None if run.parent_id is None else str(run.parent_id),
         "state": run.state, "end_cause": run.end_cause, "stop_code": run.stop_code,
-        "stop_reason": run.stop_reason, "error": run.error, "output": run.output,
+        "stop_reason": run.stop_reason, "error": run.error,
+        "output": None if truncated else run.output,
         "generation": run.generation, "owner": run.owner,
         "ticket": ticket_data(run.ticket if run.ticket_id is not None else None),
         "control": control_data(run.control if run.control_id is not None else None),
@@ -62,6 +70,10 @@ def run_data(run: Run) -> dict:
         "created_at": when(run.created_at), "started_at": when(run.started_at),
         "ended_at": when(run.ended_at), "updated_at": when(run.updated_at),
     }
+    if truncated:
+        del data["input"], data["output"]
+        data["truncated"] = True
+    return data
 
 
 def event_data(event: Event) -> dict:

@@ -5,11 +5,12 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from runs.domain import ports
+from runs.domain import limits, ports
 from runs.domain.catalogue import CATALOGUE
 from runs.domain.core import (
     Ending,
@@ -143,7 +144,7 @@ def _new_run(*, agent: str, input: dict | None = None, thread_id: str | None = N
         raise InvalidRequest(f"Unknown agent {agent!r}.", field="agent")
     if not isinstance(input, dict):
         raise InvalidRequest("input must be a JSON object.", field="input")
-    _check_storable(input, "input")
+    _check_input(input)
     parent = None
     if parent_id is not None:
         parent = parents.get(str(parent_id))
@@ -222,20 +223,10 @@ def _clean_budget(budget: dict) -> dict:
     return clean
 
 
-def _check_storable(value, field: str) -> None:
-    """Refuse JSON that holds the NUL character: PostgreSQL's jsonb cannot store it, and a
-    run must not depend on which database it is written to."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                raise InvalidRequest(f"{field} must not contain the NUL character (\\u0000).",
-                                     field=field)
-        elif isinstance(item, dict):
-            pending += [*item, *item.values()]
-        elif isinstance(item, list):
-            pending += item
+def _check_input(value) -> None:
+    """A run's input (or a resume's) is storable JSON of at most AWAKEN_MAX_INPUT_BYTES."""
+    limits.check_json(value, "input")
+    limits.check_size(value, "input", settings.AWAKEN_MAX_INPUT_BYTES)
 
 
 def _fingerprint(*parts) -> str:
@@ -326,9 +317,8 @@ def run_deliver(*, run_id, command: str, actor: str, source: str, message=None) 
     if command not in LIVE_COMMANDS:
         raise InvalidRequest(f"Unknown live command {command!r}.", field="command")
     if command == "message":
-        _check_storable(message, "message")
-        if len(json.dumps(message).encode()) > MAX_MESSAGE_BYTES:
-            raise InvalidRequest("message is larger than 64 KiB.", field="message")
+        limits.check_json(message, "message")
+        limits.check_size(message, "message", MAX_MESSAGE_BYTES)
     elif message is not None:
         raise InvalidRequest(f"A {command} carries no message.", field="message")
     run = run_get(run_id)  # the claim as committed: no owner unless it is running
@@ -368,7 +358,7 @@ def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run
     Fails closed: a run that is not awaiting (an ended one included) raises NotAwaiting,
     another ticket raises TicketMismatch; neither changes anything.
     """
-    _check_storable(input, "input")
+    _check_input(input)
     with transaction.atomic():
         run = locked_run(run_id)
         if run.state != RunState.AWAITING:

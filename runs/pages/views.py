@@ -1,7 +1,7 @@
 """HTML pages: the operator page, a run's page, their live partials, and the health check."""
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
@@ -41,8 +41,11 @@ def list_filters(request) -> dict:
 
 
 def page_of_runs(request):
+    search = request.GET.get("q", "")
+    if "\x00" in search:  # no id or thread id holds one, and PostgreSQL cannot take it
+        raise BadRequest("The search holds a NUL character.")
     try:
-        return selectors.run_list(filters=list_filters(request), search=request.GET.get("q", ""),
+        return selectors.run_list(filters=list_filters(request), search=search,
                                   cursor=request.GET.get("cursor") or None, limit=50)
     except InvalidRequest:
         raise Http404("No such page.") from None
