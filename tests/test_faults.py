@@ -8,6 +8,7 @@ import signal
 import time
 
 import pytest
+from django.db import connection, transaction
 from rest_framework.authtoken.models import Token
 
 from harness.processes import PrivateRedis, Processes, Web, Worker, wait_until
@@ -231,3 +232,31 @@ def test_cancels_to_a_frozen_worker_wedge_nothing(system):
         "cancelled"}
 
 
+
+@pytest.mark.xfail(strict=True, reason=(
+    "A worker with a task message not yet acknowledged (acks_late) when the broker connection "
+    "drops exits: Celery 5.7's consumer closes the broken connection, kombu 5.7's Redis "
+    "channel tries to restore the unacknowledged message through that closed connection "
+    "(AttributeError: 'NoneType' object has no attribute 'hostname'), and the worker stops "
+    "with 'Unrecoverable error'. SPEC §8: after the fault nothing needs a restart."))
+def test_a_worker_outlives_a_redis_restart_during_a_claim(system):
+    redis, web, worker = system
+    with transaction.atomic(), connection.cursor() as cursor:
+        # The claim's insert of the attempt waits for this lock: its task message is being
+        # handled, not yet acknowledged, when the broker goes away.
+        cursor.execute("LOCK TABLE runs_attempt IN SHARE ROW EXCLUSIVE MODE")
+
+        def claim_waits() -> bool:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # a fresh view each time
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                           "current_database() AND wait_event_type = 'Lock'")
+            return cursor.fetchone()[0] > 0
+
+        _, run = web.call("POST", "/api/runs/", {
+            "agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0.01}})
+        wait_until(claim_waits, 15, "the claim to wait for the lock")
+        redis.restart().wait_ready(10)
+    wait_until(lambda: not worker.running() or worker.ready(), 15, "the worker to answer")
+    assert worker.running(), "the worker exited"
+    wait_until(lambda: run_of(run["id"]).state == RunState.ENDED, 15, "the run to end")
+    assert run_of(run["id"]).end_cause == "completed"
