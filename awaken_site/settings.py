@@ -344,8 +344,12 @@ CELERY_BROKER_URL = os.getenv("CELERY_BROKER_URL") or REDIS_URL or "memory://"
 CELERY_BROKER_TRANSPORT_OPTIONS = (
     # The memory transport polls once a second by default; control replies would wait for it.
     {"polling_interval": 0.005} if CELERY_BROKER_URL.startswith("memory")
-    # No call to Redis waits without a deadline (redis-py waits for ever by default).
-    else {"socket_timeout": 5, "socket_connect_timeout": 2}
+    # No call to Redis waits without a deadline (redis-py waits for ever by default). No
+    # acknowledgement emulation: a message is taken off its queue when it is delivered. A
+    # run whose message is lost with its worker stays queued and the sweeper sends it again,
+    # so the broker need not keep unacknowledged messages (kombu 5.7 restoring them through
+    # a connection that a Redis restart closed made the worker exit).
+    else {"socket_timeout": 5, "socket_connect_timeout": 2, "ack_emulation": False}
     if CELERY_BROKER_URL.startswith(("redis", "rediss")) else {}
 )
 # A connection or producer from Celery's pool is waited for at most this long, and a new
@@ -354,7 +358,7 @@ CELERY_BROKER_POOL_ACQUIRE_TIMEOUT = 2.0
 CELERY_BROKER_CONNECTION_TIMEOUT = 2.0
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
-CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_ACKS_LATE = False  # durability is the database's: see the transport options
 CELERY_WORKER_PREFETCH_MULTIPLIER = 4
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]

@@ -1,12 +1,16 @@
-"""The system's processes, started as a user would start them: daphne, Celery workers and
-the embedded site (``manage.py serve``), for the tests and ``manage.py bench``.
+"""The system's processes, started as a user would start them: daphne, Celery workers, the
+Celery beat sweeper, a private Redis server and the embedded site (``manage.py serve``), for
+the tests and ``manage.py bench``.
 
 Each is a child process with its output in a log file. Its constructor starts it;
 ``wait_ready()`` polls until it serves, and fails with the tail of its output if it exits
-first. Used as a context manager, it is stopped however the block ends. Web and workers run
-on this process's settings and database, so a test's processes share the test database.
+first. ``start()`` starts it again once it has exited, with the same command line (the
+same port, the same node name), as a supervisor would. Used as a context manager, it is
+stopped however the block ends. Web, workers and beat run on this process's settings and
+database, so a test's processes share the test database.
 """
 
+import http.client
 import json
 import os
 import re
@@ -97,15 +101,34 @@ class Process:
 
     def __init__(self, argv: list[str], *, name: str, env: dict, log_dir: Path | None = None):
         self.name = name
+        self.argv = argv
+        self.env = env
         if log_dir is None:
             handle, path = tempfile.mkstemp(prefix=f"awaken-{name}-", suffix=".log")
             os.close(handle)
             self.log_path = Path(path)
         else:
             self.log_path = Path(log_dir) / f"{name}.log"
-        with open(self.log_path, "w") as log:
-            self.popen = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log,
+            self.log_path.write_text("")
+        self.popen: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> Self:
+        """Start the command; again, once the process has exited (its log goes on)."""
+        if self.popen is not None and self.running():
+            raise ProcessFailed(f"{self.name} is running already")
+        with open(self.log_path, "a") as log:
+            self.popen = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=log,
                                           stderr=subprocess.STDOUT)
+        return self
+
+    def restart(self, *, kill: bool = False) -> Self:
+        """Stop it (``kill``: with SIGKILL, no cleanup) and start it again; not waited for."""
+        if kill:
+            self.kill()
+        else:
+            self.stop()
+        return self.start()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} pid={self.pid}>"
@@ -157,10 +180,20 @@ class Process:
         self.popen.send_signal(signal.SIGKILL)
         self.popen.wait(10)
 
+    def freeze(self) -> None:
+        """SIGSTOP: it holds everything it holds and does nothing until ``thaw()``."""
+        self.signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT: it goes on where it stopped."""
+        self.signal(signal.SIGCONT)
+
     def terminate(self) -> None:
-        """SIGTERM, if it still runs: the shutdown a supervisor asks for."""
+        """SIGTERM, if it still runs: the shutdown a supervisor asks for (a frozen process
+        is thawed to take it)."""
         if self.running():
             self.popen.send_signal(signal.SIGTERM)
+            self.popen.send_signal(signal.SIGCONT)
 
     def wait_exit(self, timeout: float) -> None:
         """Wait for it to exit; kill it if it has not within ``timeout`` seconds."""
@@ -238,12 +271,53 @@ class Worker(Process):
                          log_dir=log_dir)
 
     def ready(self) -> bool:
-        """It answers a control ping."""
-        return bool(self.control.ping(destination=[self.node], timeout=0.5))
+        """It answers a control ping (not while the broker is unreachable)."""
+        try:
+            return bool(self.control.ping(destination=[self.node], timeout=0.5))
+        except self.control.app.connection_for_write().connection_errors:
+            return False
 
     def take(self, run_id) -> None:
         """Send this worker the task of a run created with ``dispatch=False``."""
         execute.apply_async(args=[[str(run_id)]], queue=self.queue)
+
+
+class Beat(Process):
+    """``celery beat``: it sends the sweep task (``runs.sweep``) every third of a lease, for
+    a worker to run. Its schedule file is a temporary one of its own."""
+
+    def __init__(self, *, lease_seconds: float | None = None, extra_env: dict | None = None,
+                 log_dir: Path | None = None):
+        schedule = Path(tempfile.mkdtemp(prefix="awaken-beat-")) / "schedule"
+        lease = {} if lease_seconds is None else {"AWAKEN_LEASE_SECONDS": str(lease_seconds)}
+        super().__init__([sys.executable, "-m", "celery", "-A", "awaken_site", "beat",
+                          "--schedule", str(schedule), "--loglevel", "INFO"], name="beat",
+                         env=environment({**lease, **(extra_env or {})}), log_dir=log_dir)
+
+
+class PrivateRedis(Process):
+    """A redis-server of one test's own on a free port of 127.0.0.1, keeping nothing on
+    disk: a broker and channel layer to stop, kill and start again without touching any
+    other Redis. ``url`` is the one to give the other processes."""
+
+    def __init__(self, *, log_dir: Path | None = None):
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        super().__init__(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                          "--save", "", "--appendonly", "no", "--dir", tempfile.gettempdir()],
+                         name="redis", env=dict(os.environ), log_dir=log_dir)
+
+    def ready(self) -> bool:
+        return self.up()
+
+    def up(self) -> bool:
+        """It answers PING."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
 
 
 class Site(Process):
@@ -257,7 +331,8 @@ class Site(Process):
 
     def call(self, method: str, path: str, body=None, *, token: str | None = None,
              timeout: float = 30) -> tuple[int, object]:
-        """One request with ``token`` (else ``self.token``), if any: its status and JSON."""
+        """One request with ``token`` (else ``self.token``), if any: its status and JSON
+        (the text of a body that is not JSON, such as a server error's page)."""
         headers = {"Content-Type": "application/json"}
         if token or self.token:
             headers["Authorization"] = f"Token {token or self.token}"
@@ -266,25 +341,35 @@ class Site(Process):
             data=json.dumps(body).encode() if body is not None else None)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.status, json.load(response)
+                return response.status, _decoded(response.read())
         except urllib.error.HTTPError as error:
-            return error.code, json.load(error)
+            return error.code, _decoded(error.read())
 
     def health(self) -> dict:
         """Its /healthz answer, or {} while it does not answer."""
         try:
-            return self.call("GET", "/healthz", timeout=2)[1]
-        except (OSError, ValueError):
+            answer = self.call("GET", "/healthz", timeout=2)[1]
+        except (OSError, http.client.HTTPException):
             return {}
+        return answer if isinstance(answer, dict) else {}
+
+
+def _decoded(body: bytes):
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body.decode(errors="replace")
 
 
 class Web(Site):
-    """daphne serving the ASGI application (HTTP and sockets) on a free port."""
+    """daphne serving the ASGI application (HTTP and sockets) on ``port``, a free one by
+    default; ``restart()`` serves on the same port again."""
 
-    def __init__(self, *, extra_env: dict | None = None, log_dir: Path | None = None):
-        port = free_port()
+    def __init__(self, *, name: str = "web", port: int | None = None,
+                 extra_env: dict | None = None, log_dir: Path | None = None):
+        port = port or free_port()
         super().__init__([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                          "awaken_site.asgi:application"], port=port, name="web",
+                          "awaken_site.asgi:application"], port=port, name=name,
                          env=environment(extra_env), log_dir=log_dir)
 
     def ready(self) -> bool:

@@ -93,7 +93,11 @@ class Run(models.Model):
     claimed_at = models.DateTimeField(
         null=True, blank=True, help_text="When the live attempt claimed the run."
     )
-    ticket = models.OneToOneField(
+    # A plain foreign key, not one-to-one: on PostgreSQL a column under a unique index is a
+    # key, and an update of a key takes a lock that waits for every row referring to the
+    # run (a child's intent naming its parent): ending an awaiting parent deadlocked with
+    # it. A ticket belongs to one run anyway (ResumeTicket.run, one open per run).
+    ticket = models.ForeignKey(
         "ResumeTicket",
         null=True,
         blank=True,

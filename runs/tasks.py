@@ -7,8 +7,7 @@ from runs.runtime.executor import get_executor
 from runs.wire import web_side, worker_side
 
 
-@shared_task(bind=True, name=web_side.EXECUTE, acks_late=True, ignore_result=True,
-             max_retries=None)
+@shared_task(bind=True, name=web_side.EXECUTE, ignore_result=True, max_retries=None)
 def execute(self, run_ids: list[str] | str) -> None:
     """Claim each run of ``run_ids`` and start its attempt on this worker's executor.
 

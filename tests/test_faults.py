@@ -5,12 +5,12 @@ stop may be lost. Each test runs its own Redis, web and worker processes."""
 import json
 import shutil
 import signal
-import subprocess
 import time
 
 import pytest
+from django.db import connection, transaction
 
-from harness.processes import Processes, Web, Worker, free_port, wait_until
+from harness.processes import PrivateRedis, Processes, Web, Worker, wait_until
 from runs import domain
 from runs.domain.keys import api_key_issue
 from runs.models import ControlIntent, Run, RunState
@@ -20,37 +20,12 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True),
               pytest.mark.skipif(not shutil.which("redis-server"), reason="needs redis-server")]
 
 
-class PrivateRedis:
-    """A redis-server of one test's own, to stop and start again."""
-
-    def __init__(self):
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.start()
-
-    def start(self):
-        subprocess.run(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                        "--save", "", "--appendonly", "no", "--daemonize", "yes",
-                        "--dir", "/tmp", "--logfile", f"/tmp/awaken-fault-redis-{self.port}.log"],
-                       check=True)
-        wait_until(self.up, 10, "redis to start")
-
-    def up(self) -> bool:
-        return subprocess.run(["redis-cli", "-p", str(self.port), "ping"],
-                              capture_output=True).returncode == 0
-
-    def stop(self):
-        subprocess.run(["redis-cli", "-p", str(self.port), "shutdown", "nosave"],
-                       capture_output=True)
-        wait_until(lambda: not self.up(), 10, "redis to stop")
-
-
 @pytest.fixture
 def system(settings):
     """Private Redis, a web process and a worker, all on the test database; the web
     process calls with an operator's token."""
     settings.AWAKEN_LEASE_SECONDS = 1.5
-    redis = PrivateRedis()
+    redis = PrivateRedis().wait_ready(10)
     private = {"REDIS_URL": redis.url, "CELERY_BROKER_URL": None}
     try:
         with Processes() as processes:
@@ -62,8 +37,7 @@ def system(settings):
             web.token = api_key_issue(user=make_user("faulty", "operator"))
             yield redis, web, worker
     finally:
-        if redis.up():
-            redis.stop()
+        redis.stop()
 
 
 def run_of(run_id) -> Run:
@@ -99,7 +73,7 @@ def test_a_cancel_during_a_broker_outage_is_not_lost(system):
     wait_until(lambda: run_of(run["id"]).state == RunState.ENDED, 15, "the cancel to land")
     assert run_of(run["id"]).end_cause == "cancelled"
 
-    redis.start()
+    redis.start().wait_ready(10)
     assert web.call("POST", f"/api/runs/{other['id']}/stop/?wait=10",
                     {"reason": "after the outage"})[1]["end_cause"] == "stopped"
     _, fresh = web.call("POST", "/api/runs/",
@@ -176,8 +150,7 @@ def test_sockets_heal_across_a_redis_restart(system):
     threading.Thread(target=lambda: asyncio.run(listen()), daemon=True).start()
     assert connected.wait(10)
     before_restart = last_seq[0]
-    redis.stop()
-    redis.start()
+    redis.restart().wait_ready(10)
 
     def create():
         return web.call("POST", "/api/runs/", {
@@ -257,3 +230,30 @@ def test_cancels_to_a_frozen_worker_wedge_nothing(system):
     settle(30)
     assert set(Run.objects.filter(pk__in=runs).values_list("end_cause", flat=True)) == {
         "cancelled"}
+
+
+
+def test_a_worker_outlives_a_redis_restart_during_a_claim(system):
+    """A worker handling a task message when the broker goes away carries on afterwards (with
+    kombu's acknowledgement emulation it exited, restoring the message through the closed
+    connection); the run is claimed and completed all the same."""
+    redis, web, worker = system
+    with transaction.atomic(), connection.cursor() as cursor:
+        # The claim's insert of the attempt waits for this lock: its task message is being
+        # handled, not yet acknowledged, when the broker goes away.
+        cursor.execute("LOCK TABLE runs_attempt IN SHARE ROW EXCLUSIVE MODE")
+
+        def claim_waits() -> bool:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # a fresh view each time
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                           "current_database() AND wait_event_type = 'Lock'")
+            return cursor.fetchone()[0] > 0
+
+        _, run = web.call("POST", "/api/runs/", {
+            "agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0.01}})
+        wait_until(claim_waits, 15, "the claim to wait for the lock")
+        redis.restart().wait_ready(10)
+    wait_until(lambda: not worker.running() or worker.ready(), 15, "the worker to answer")
+    assert worker.running(), "the worker exited"
+    wait_until(lambda: run_of(run["id"]).state == RunState.ENDED, 15, "the run to end")
+    assert run_of(run["id"]).end_cause == "completed"

@@ -5,9 +5,13 @@ PostgreSQL (row locks are what serialize a run's transitions).
 """
 
 import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from django.db import connection, connections, transaction
 
+from harness.processes import wait_until
 from runs import domain as services
 from runs.domain import Ending
 from runs.models import ControlIntent, Event, EventKind, ResumeTicket, Run, RunState, TicketState
@@ -230,3 +234,60 @@ def test_overlapping_claims_take_each_run_once_and_never_deadlock(gang):
             else:
                 assert run.generation == 0
                 assert run.state in (RunState.QUEUED, RunState.ENDED)
+
+
+@pytest.mark.parametrize("parent_state", ["running", "awaiting"])
+def test_a_parent_ending_and_a_child_naming_it_never_deadlock(parent_state):
+    """A child's transaction holds the child's lock and has written an intent naming its
+    parent; meanwhile the parent's end locks the parent and, to end its children, waits
+    for the child's lock. When the child's transaction commits, its foreign key check must
+    not wait for the parent's lock: both transitions commit."""
+    parent, generation = running_run(agent="demo.parent")
+    child, _ = services.run_create(agent="demo.hang", parent_id=parent.id, dispatch=False)
+    child_generation = services.attempt_start(run_id=child.id, owner=OWNER,
+                                              lease_seconds=30).generation
+    if parent_state == "awaiting":
+        services.attempt_pause(run_id=parent.id, generation=generation, reason="input")
+
+        def end_parent():
+            return services.run_cancel(run_id=parent.id, actor="op", source="api").path
+    else:
+        def end_parent():
+            return services.attempt_finish(run_id=parent.id, generation=generation,
+                                           ending=Ending.completed())
+    named, commit = threading.Event(), threading.Event()
+
+    def child_names_parent():
+        with transaction.atomic():
+            ended = services.attempt_parent_gone(
+                run_id=child.id, generation=child_generation, parent_id=parent.id,
+                why="command", actor="op", source="api")
+            named.set()
+            assert commit.wait(15)
+        return ended
+
+    def parent_waits_for_the_child() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                           "current_database() AND wait_event_type = 'Lock'")
+            return cursor.fetchone()[0] > 0
+
+    with ThreadPoolExecutor(2) as pool:
+        child_side = pool.submit(with_own_connection, child_names_parent)
+        assert named.wait(15)
+        parent_side = pool.submit(with_own_connection, end_parent)
+        wait_until(parent_waits_for_the_child, 15, "the parent's end to wait for the child")
+        commit.set()
+        assert child_side.result(30) is True
+        assert parent_side.result(30)
+    assert check_run_history(parent.id).state == RunState.ENDED
+    child = check_run_history(child.id)
+    assert child.end_cause == "cancelled" and child.control.caused_by_id == parent.id
+
+
+def with_own_connection(fn):
+    """``fn()`` in a pool's thread, closing the thread's database connection after it."""
+    try:
+        return fn()
+    finally:
+        connections.close_all()

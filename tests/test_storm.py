@@ -19,8 +19,9 @@ from django.utils import timezone
 
 from harness.processes import wait_until
 from runs import domain as services
-from runs.models import Attempt, AttemptState, ControlIntent, Event, EventKind, Run, RunState
+from runs.models import Run, RunState
 from tests.conftest import client_for, make_user
+from tests.storm import check_every_run_ended_once, ends
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -125,30 +126,10 @@ def test_a_storm_of_controls_keeps_every_guarantee(workers, settings):
                60, "every run to end")
 
     # SPEC §7 on what committed.
-    runs = {str(r.id): r for r in Run.objects.all()}
-    events = {}
-    for event in Event.objects.order_by("seq"):
-        events.setdefault(str(event.run_id), []).append(event)
-    for run_id, run in runs.items():
-        history = events[run_id]
-        assert [e.version for e in history] == list(range(1, run.version + 1)), run_id
-        ended = [e for e in history if e.kind == EventKind.ENDED]
-        assert len(ended) == 1 and history[-1].kind == EventKind.ENDED, run_id
-        assert ended[0].end_cause == run.end_cause
-    for run_id, _ in accepted_resumes:
-        kinds = [e.kind for e in events[run_id]]
-        assert "resumed" in kinds and kinds.index("resumed") < kinds.index("ended")
-    assert not ControlIntent.objects.filter(applied_at__isnull=True).exists()
-    assert not Attempt.objects.filter(state=AttemptState.LIVE).exists()
-    # Every end through a stop or cancel request carries that request's cause.
-    for intent in ControlIntent.objects.select_related("run"):
-        assert intent.run.end_cause in ("cancelled", "stopped", "completed", "failed")
-        if intent.run.end_cause == "stopped":
-            assert intent.run.stop_reason
+    runs, events = check_every_run_ended_once(run_id for run_id, _ in accepted_resumes)
 
-    summary = Counter(run.end_cause for run in runs.values())
     print(f"\nstorm: {RUNS} runs, {sum(outcomes.values())} operations in {storm_seconds:.1f} s "
           f"by {CALLERS} callers on {WORKERS} workers")
     print("  answers:", dict(sorted(outcomes.items())))
-    print("  ends:", dict(summary), f"resumes accepted: {len(accepted_resumes)}",
+    print("  ends:", ends(runs), f"resumes accepted: {len(accepted_resumes)}",
           f"events: {sum(len(h) for h in events.values())}")
