@@ -10,6 +10,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 
 class RunState(models.TextChoices):
@@ -41,6 +42,7 @@ class Source(models.TextChoices):
     CLI = "cli", "Command line"
     POLICY = "policy", "Policy"
     WORKER = "worker", "Worker"
+    LINK = "link", "Review link"  # a reviewer without an account, through a review link
 
 
 LIVE_STATES = (RunState.QUEUED, RunState.RUNNING, RunState.AWAITING)
@@ -72,6 +74,11 @@ class Run(models.Model):
     thread_id = models.CharField(max_length=200, help_text="Groups related runs.")
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    # No index of its own: runs_run_reruns below covers the few rows that set it.
+    rerun_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reruns",
+        db_index=False, help_text="The run this one was started again from (Run again).",
     )
 
     state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.QUEUED)
@@ -213,6 +220,15 @@ class Run(models.Model):
                 condition=Q(state=RunState.QUEUED),
                 name="runs_run_queued_dispatch",
             ),
+            # The run list sorted by start, end or running time, either way (runs.selectors
+            # .run_list: one index range per page, its NULLs read as a group of their own),
+            # and the overview's counts of runs started and ended in its window.
+            models.Index(fields=["started_at", "id"], name="runs_run_started"),
+            models.Index(fields=["ended_at", "id"], name="runs_run_ended"),
+            models.Index(fields=["seconds_used", "id"], name="runs_run_seconds_used"),
+            # The reruns of a run, for its page.
+            models.Index(fields=["rerun_of"], condition=Q(rerun_of__isnull=False),
+                         name="runs_run_reruns"),
         ]
 
     def __str__(self) -> str:
@@ -230,6 +246,14 @@ class Run(models.Model):
     @property
     def allowed_actions(self) -> tuple[str, ...]:
         return tuple(str(action) for action in ALLOWED_ACTIONS[self.state])
+
+    @property
+    def duration(self) -> float:
+        """Seconds of running time: closed attempts, plus the live attempt so far."""
+        if self.state == RunState.RUNNING and self.claimed_at is not None:
+            return self.seconds_used + max(0.0, (timezone.now() - self.claimed_at)
+                                           .total_seconds())
+        return self.seconds_used
 
 
 class AttemptState(models.TextChoices):
@@ -315,6 +339,8 @@ class ResumeTicket(models.Model):
     generation = models.PositiveIntegerField(help_text="The attempt that paused.")
     reason = models.CharField(max_length=16, choices=TicketReason.choices)
     prompt = models.JSONField(null=True, blank=True, help_text="What the agent asked for.")
+    schema = models.JSONField(
+        null=True, blank=True, help_text="JSON Schema the resume input must satisfy, if any.")
     state = models.CharField(max_length=16, choices=TicketState.choices, default=TicketState.OPEN)
     resume_input = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from runs.api import views
+from runs.api import console, views
 
 urlpatterns = [
     path("runs/", views.RunListView.as_view(), name="runs-list"),
@@ -14,6 +14,7 @@ urlpatterns = [
     path("runs/<str:run_id>/resume/", views.RunResumeView.as_view(), name="runs-resume"),
     path("runs/<str:run_id>/pause/", views.RunPauseView.as_view(), name="runs-pause"),
     path("runs/<str:run_id>/deliver/", views.RunDeliverView.as_view(), name="runs-deliver"),
+    path("runs/<str:run_id>/rerun/", console.RunRerunView.as_view(), name="runs-rerun"),
     path("events/", views.EventListView.as_view(), name="runs-events-all"),
     path("schema/", SpectacularAPIView.as_view(), name="runs-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="runs-schema"), name="runs-docs"),

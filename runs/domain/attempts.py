@@ -30,6 +30,7 @@ from runs.domain.core import (
     release_claim,
 )
 from runs.domain.errors import Fenced
+from runs.domain.schemas import check_schema
 from runs.models import (
     AppliedVia,
     Attempt,
@@ -103,12 +104,15 @@ def attempt_step(*, run_id, generation: int, tokens: int = 0, agent_state=None,
 
 
 def attempt_pause(*, run_id, generation: int, reason: str = TicketReason.MANUAL_PAUSE,
-                  prompt=None, agent_state=None, actor: str | None = None,
+                  prompt=None, schema=None, agent_state=None, actor: str | None = None,
                   source: str | None = "worker") -> ResumeTicket | None:
     """Move the run to ``awaiting`` with a new open ticket; the attempt closes.
 
-    A pending cancel or stop wins over the pause: the run ends instead and None is returned.
+    ``schema`` (a JSON Schema) is what the resume input must satisfy; an invalid one is
+    refused (InvalidRequest) and nothing changes. A pending cancel or stop wins over the
+    pause: the run ends instead and None is returned.
     """
+    check_schema(schema)
     with transaction.atomic():
         run = _locked_current(run_id, generation)
         intent = pending_intent(run)
@@ -118,7 +122,7 @@ def attempt_pause(*, run_id, generation: int, reason: str = TicketReason.MANUAL_
             return None
         released = release_claim(run, CloseReason.PAUSED, now=timezone.now())
         ticket = ResumeTicket.objects.create(
-            run=run, generation=generation, reason=reason, prompt=prompt
+            run=run, generation=generation, reason=reason, prompt=prompt, schema=schema
         )
         run.state = RunState.AWAITING
         run.ticket = ticket

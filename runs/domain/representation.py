@@ -26,7 +26,7 @@ def ticket_data(ticket) -> dict | None:
     if ticket is None:
         return None
     return {"id": str(ticket.id), "reason": ticket.reason, "prompt": ticket.prompt,
-            "created_at": when(ticket.created_at)}
+            "schema": ticket.schema, "created_at": when(ticket.created_at)}
 
 
 def control_data(intent) -> dict | None:
@@ -39,11 +39,18 @@ def control_data(intent) -> dict | None:
             "caused_by": None if intent.caused_by_id is None else str(intent.caused_by_id)}
 
 
+def run_url(run_id) -> str:
+    """The path of a run's page (the route ``runs-page``)."""
+    return f"/runs/{run_id}/"
+
+
 def run_data(run: Run) -> dict:
     """The representation of ``run``."""
     return {
-        "id": str(run.id), "agent": run.agent, "input": run.input, "thread_id": run.thread_id,
+        "id": str(run.id), "url": run_url(run.id), "agent": run.agent, "input": run.input,
+        "thread_id": run.thread_id,
         "parent_id": None if run.parent_id is None else str(run.parent_id),
+        "rerun_of": None if run.rerun_of_id is None else str(run.rerun_of_id),
         "state": run.state, "end_cause": run.end_cause, "stop_code": run.stop_code,
         "stop_reason": run.stop_reason, "error": run.error, "output": run.output,
         "generation": run.generation, "owner": run.owner,
@@ -53,6 +60,7 @@ def run_data(run: Run) -> dict:
         "budget": {"max_steps": run.max_steps, "max_seconds": run.max_seconds,
                    "max_tokens": run.max_tokens},
         "usage": {"steps": run.steps, "tokens": run.tokens, "seconds": run.seconds_used},
+        "duration": run.duration,
         "version": run.version, "start_after": when(run.start_after),
         "created_at": when(run.created_at), "started_at": when(run.started_at),
         "ended_at": when(run.ended_at), "updated_at": when(run.updated_at),
