@@ -439,6 +439,11 @@ class ControlIntent(models.Model):
                 name="runs_intent_one_pending_per_run",
             ),
         ]
+        indexes = [
+            # Time to stop over the overview's window (runs.domain.overview.time_to_stop).
+            models.Index(fields=["applied_at"], condition=Q(applied_at__isnull=False),
+                         name="runs_intent_applied"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.action} {self.run_id} by {self.requested_by}"

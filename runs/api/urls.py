@@ -16,6 +16,7 @@ urlpatterns = [
     path("runs/<str:run_id>/deliver/", views.RunDeliverView.as_view(), name="runs-deliver"),
     path("runs/<str:run_id>/rerun/", console.RunRerunView.as_view(), name="runs-rerun"),
     path("events/", views.EventListView.as_view(), name="runs-events-all"),
+    path("overview/", console.OverviewView.as_view(), name="runs-overview"),
     path("schema/", SpectacularAPIView.as_view(), name="runs-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="runs-schema"), name="runs-docs"),
 ]
