@@ -212,12 +212,19 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Choice sets that share a field name with the run's get names of their own.
+    "ENUM_NAME_OVERRIDES": {
+        "RunStateEnum": "runs.models.RunState",
+        "ReviewLinkStateEnum": "runs.api.review.LINK_STATES",
+    },
 }
 
 # --- Run control ----------------------------------------------------------------------
 
 AWAKEN_LEASE_SECONDS = envnumber("AWAKEN_LEASE_SECONDS", "15", kind=float, minimum=0.5)
 AWAKEN_MAX_CRASH_RETRIES = envnumber("AWAKEN_MAX_CRASH_RETRIES", "3", minimum=0)
+# How long a review link lasts unless its maker says otherwise (60 s to 7 days).
+AWAKEN_REVIEW_LINK_SECONDS = envnumber("AWAKEN_REVIEW_LINK_SECONDS", "86400", minimum=60)
 
 # --- Channels and Celery --------------------------------------------------------------
 

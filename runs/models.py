@@ -376,6 +376,60 @@ class ResumeTicket(models.Model):
         return f"ticket {self.id} ({self.state})"
 
 
+class LinkState(models.TextChoices):
+    OPEN = "open", "Open"  # can be opened and used until it expires
+    USED = "used", "Used"  # a reviewer resumed the run with it
+    REVOKED = "revoked", "Revoked"  # an operator withdrew it
+
+
+class ReviewLink(models.Model):
+    """A single-use, expiring link that lets someone without an account answer one ticket.
+
+    The link's token is shown once, when it is made; only its SHA-256 is kept.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="review_links")
+    ticket = models.ForeignKey(ResumeTicket, on_delete=models.CASCADE, related_name="+",
+                               db_index=False, help_text="The one ticket it answers.")
+    token_hash = models.CharField(max_length=64, unique=True,
+                                  help_text="SHA-256 of the token, in hex.")
+    state = models.CharField(max_length=16, choices=LinkState.choices, default=LinkState.OPEN)
+    created_by = models.CharField(max_length=150, help_text="The operator who made it.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    closed_at = models.DateTimeField(null=True, blank=True)
+    closed_by = models.CharField(
+        max_length=150, null=True, blank=True,
+        help_text="The reviewer's name (used) or the operator's (revoked).")
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=LinkState.values), name="runs_link_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(state=LinkState.OPEN, closed_at__isnull=True, closed_by__isnull=True)
+                    | (~Q(state=LinkState.OPEN) & Q(closed_at__isnull=False,
+                                                    closed_by__isnull=False))
+                ),
+                name="runs_link_closed_iff_not_open",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"review link {self.id} ({self.state})"
+
+    @property
+    def status(self) -> str:
+        """The state as a reader sees it: an open link past its time is ``expired``."""
+        if self.state == LinkState.OPEN and self.expires_at <= timezone.now():
+            return "expired"
+        return self.state
+
+
 class ControlAction(models.TextChoices):
     CANCEL = "cancel", "Cancel"
     STOP = "stop", "Stop"

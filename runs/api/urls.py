@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from runs.api import console, views
+from runs.api import console, review, views
 
 urlpatterns = [
     path("runs/", views.RunListView.as_view(), name="runs-list"),
@@ -15,6 +15,10 @@ urlpatterns = [
     path("runs/<str:run_id>/pause/", views.RunPauseView.as_view(), name="runs-pause"),
     path("runs/<str:run_id>/deliver/", views.RunDeliverView.as_view(), name="runs-deliver"),
     path("runs/<str:run_id>/rerun/", console.RunRerunView.as_view(), name="runs-rerun"),
+    path("runs/<str:run_id>/review-links/", review.ReviewLinksView.as_view(),
+         name="runs-review-links"),
+    path("runs/<str:run_id>/review-links/<str:link_id>/revoke/",
+         review.ReviewLinkRevokeView.as_view(), name="runs-review-link-revoke"),
     path("events/", views.EventListView.as_view(), name="runs-events-all"),
     path("overview/", console.OverviewView.as_view(), name="runs-overview"),
     path("schema/", SpectacularAPIView.as_view(), name="runs-schema"),

@@ -53,3 +53,29 @@ class Fenced(ServiceError):
     """An attempt whose generation or lease is no longer current; it may commit nothing."""
 
     code = "fenced"
+
+
+class LinkNotFound(ServiceError):
+    """No review link with that token (or id, for that run)."""
+
+    code = "not_found"
+    status = 404
+
+
+class LinkGone(ServiceError):
+    """A review link that can no longer be used: expired, used or revoked."""
+
+    code = "link_gone"
+    status = 410
+
+
+class LinkExpired(LinkGone):
+    code = "link_expired"
+
+
+class LinkUsed(LinkGone):
+    code = "link_used"
+
+
+class LinkRevoked(LinkGone):
+    code = "link_revoked"
