@@ -9,7 +9,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 
@@ -563,3 +563,123 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.owner
+
+
+class BulkState(models.TextChoices):
+    QUEUED = "queued", "Queued"  # made; its task is on its way to a worker
+    RUNNING = "running", "Running"  # a worker goes through its runs
+    DONE = "done", "Done"  # every selected run was handled
+    ABORTED = "aborted", "Aborted"  # an operator stopped it; runs not reached are unchanged
+
+
+LIVE_BULK_STATES = (BulkState.QUEUED, BulkState.RUNNING)
+
+
+class BulkJob(models.Model):
+    """One cancel or stop asked of many runs at once, carried out by a worker run by run.
+
+    The job and its selection (``BulkItem``) are rows: the job goes on whatever happens to
+    the web process that made it or the worker that runs it.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    action = models.CharField(max_length=16, choices=ControlAction.choices)
+    reason = models.TextField(null=True, blank=True)
+    filter = models.JSONField(
+        null=True, blank=True,
+        help_text="The run-list filters that chose the runs; null when chosen by id.")
+    state = models.CharField(max_length=16, choices=BulkState.choices, default=BulkState.QUEUED)
+    total = models.PositiveIntegerField(help_text="Runs selected.")
+    done = models.PositiveIntegerField(default=0, help_text="Runs handled so far.")
+    applied = models.PositiveIntegerField(default=0, help_text="Handled: request recorded.")
+    unchanged = models.PositiveIntegerField(default=0, help_text="Handled: already ended.")
+    refused = models.PositiveIntegerField(default=0, help_text="Handled: the service refused.")
+    requested_by = models.CharField(max_length=150)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    source = models.CharField(max_length=16, choices=Source.choices)
+    aborted_by = models.CharField(max_length=150, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(
+        help_text="When it was last sent to a worker or a worker last handled one of its runs.")
+    version = models.PositiveIntegerField(default=1, help_text="+1 per change.")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=BulkState.values), name="runs_bulk_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=(Q(action=ControlAction.CANCEL)
+                           | Q(action=ControlAction.STOP, reason__isnull=False)),
+                name="runs_bulk_stop_has_reason",
+            ),
+            models.CheckConstraint(
+                condition=(Q(state__in=LIVE_BULK_STATES, finished_at__isnull=True)
+                           | (~Q(state__in=LIVE_BULK_STATES) & Q(finished_at__isnull=False))),
+                name="runs_bulk_finished_iff_over",
+            ),
+            # Each handled run is counted once, under one outcome (runs.domain.bulk).
+            models.CheckConstraint(
+                condition=Q(done=F("applied") + F("unchanged") + F("refused"),
+                            done__lte=F("total")),
+                name="runs_bulk_counts_add_up",
+            ),
+        ]
+        indexes = [
+            # Past jobs, newest first (runs.domain.bulk.bulk_jobs).
+            models.Index(fields=["-created_at", "-id"], name="runs_bulk_newest"),
+            # The sweeper sends again the jobs nobody has moved on lately.
+            models.Index(fields=["heartbeat_at"], condition=Q(state__in=LIVE_BULK_STATES),
+                         name="runs_bulk_live_heartbeat"),
+        ]
+
+    def __str__(self) -> str:
+        return f"bulk {self.action} {self.id} ({self.state}, {self.done}/{self.total})"
+
+
+class ItemOutcome(models.TextChoices):
+    PENDING = "pending", "Pending"  # not handled yet
+    APPLIED = "applied", "Applied"  # the request was recorded (and the run ended, or told)
+    UNCHANGED = "unchanged", "Unchanged"  # the run had already ended: nothing to do
+    REFUSED = "refused", "Refused"  # the service refused; ``detail`` says why
+
+
+class BulkItem(models.Model):
+    """One run of a bulk job's selection, and what the job did with it."""
+
+    # No index of its own: (job, run) below leads with it.
+    job = models.ForeignKey(BulkJob, on_delete=models.CASCADE, related_name="items",
+                            db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+", db_index=False)
+    outcome = models.CharField(max_length=16, choices=ItemOutcome.choices,
+                               default=ItemOutcome.PENDING)
+    detail = models.TextField(null=True, blank=True)
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(outcome__in=ItemOutcome.values), name="runs_bulkitem_outcome_valid"
+            ),
+            # A run is selected once per job, so it is handled (and counted) once.
+            models.UniqueConstraint(fields=["job", "run"], name="runs_bulkitem_once_per_job"),
+            models.CheckConstraint(
+                condition=(Q(outcome=ItemOutcome.PENDING, done_at__isnull=True)
+                           | (~Q(outcome=ItemOutcome.PENDING) & Q(done_at__isnull=False))),
+                name="runs_bulkitem_done_at_iff_handled",
+            ),
+        ]
+        indexes = [
+            # The runs a job has yet to handle, in order (runs.domain.bulk.bulk_job_run).
+            models.Index(fields=["job", "id"], condition=Q(outcome=ItemOutcome.PENDING),
+                         name="runs_bulkitem_pending"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.run_id} ({self.outcome})"

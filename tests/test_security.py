@@ -63,9 +63,10 @@ def test_the_routes_are_found():
     assert len(GUARDED) >= 12
     assert len(CONTROLS) >= 7  # create, batch, cancel, stop, pause, resume, deliver
     console = {"api/runs/<str:run_id>/rerun/", "api/runs/<str:run_id>/review-links/",
-               "api/runs/<str:run_id>/review-links/<str:link_id>/revoke/"}
+               "api/runs/<str:run_id>/review-links/<str:link_id>/revoke/",
+               "api/bulk/", "api/bulk/preview/", "api/bulk/<str:job_id>/abort/"}
     assert console <= set(CONTROLS)
-    assert console | {"api/overview/"} <= set(GUARDED)
+    assert console | {"api/overview/", "api/bulk/<str:job_id>/"} <= set(GUARDED)
 
 
 @pytest.mark.parametrize("route", sorted(BY_TOKEN))

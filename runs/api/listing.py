@@ -1,9 +1,6 @@
 """The run-list filters: one declaration for the list's query string, the bulk jobs'
 selection and the OpenAPI document; ``runs.domain.selectors.matching`` applies them."""
 
-import uuid
-from datetime import datetime
-
 from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 
@@ -31,9 +28,12 @@ class AwareDateTimeField(serializers.DateTimeField):
 
 
 class StatusField(serializers.CharField):
-    """States or end causes, comma-separated: ``running,failed``."""
+    """States or end causes, comma-separated (``running,failed``) or, in a JSON body, a
+    list."""
 
     def to_internal_value(self, data):
+        if isinstance(data, list) and all(isinstance(item, str) for item in data):
+            data = ",".join(data)
         values = [part.strip() for part in super().to_internal_value(data).split(",")]
         values = [value for value in values if value]
         unknown = [value for value in values if value not in STATUSES]
@@ -103,9 +103,3 @@ def run_search(request) -> dict:
     serializer.is_valid(raise_exception=True)
     return dict(serializer.validated_data)
 
-
-def stored_filter(criteria: dict) -> dict:
-    """Validated filters as plain JSON (as a bulk job keeps them)."""
-    return {key: value.isoformat() if isinstance(value, datetime)
-            else str(value) if isinstance(value, uuid.UUID) else value
-            for key, value in criteria.items()}

@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from runs.api import console, review, views
+from runs.api import bulk, console, review, views
 
 urlpatterns = [
     path("runs/", views.RunListView.as_view(), name="runs-list"),
@@ -21,6 +21,10 @@ urlpatterns = [
          review.ReviewLinkRevokeView.as_view(), name="runs-review-link-revoke"),
     path("events/", views.EventListView.as_view(), name="runs-events-all"),
     path("overview/", console.OverviewView.as_view(), name="runs-overview"),
+    path("bulk/", bulk.BulkListView.as_view(), name="runs-bulk"),
+    path("bulk/preview/", bulk.BulkPreviewView.as_view(), name="runs-bulk-preview"),
+    path("bulk/<str:job_id>/", bulk.BulkDetailView.as_view(), name="runs-bulk-detail"),
+    path("bulk/<str:job_id>/abort/", bulk.BulkAbortView.as_view(), name="runs-bulk-abort"),
     path("schema/", SpectacularAPIView.as_view(), name="runs-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="runs-schema"), name="runs-docs"),
 ]

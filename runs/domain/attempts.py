@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from runs.domain import ports, sql
+from runs.domain.bulk import bulk_jobs_resend
 from runs.domain.core import (
     Ending,
     database_now,
@@ -301,7 +302,8 @@ WORKER_REPORTS_KEPT = timedelta(hours=1)
 
 def sweep(*, limit: int = 200) -> dict:
     """One pass of the sweeper (SPEC §6): expired leases, then queued runs whose message
-    may be lost. Each row is its own compare-and-set transition, so sweeps may overlap."""
+    may be lost, then bulk jobs that nobody moves on. Each row is its own compare-and-set
+    transition, so sweeps may overlap."""
     counts = {"applied": 0, "requeued": 0, "failed": 0, "redispatched": 0}
     expired = (Attempt.objects.filter(state=AttemptState.LIVE, lease_expires_at__lt=Now())
                .order_by("lease_expires_at").values_list("run_id", "generation")[:limit])
@@ -311,6 +313,8 @@ def sweep(*, limit: int = 200) -> dict:
         if outcome:
             counts[outcome] += 1
     counts["redispatched"] = len(runs_redispatch(older_than=settings.AWAKEN_LEASE_SECONDS,
+                                                 limit=limit))
+    counts["bulk_resent"] = len(bulk_jobs_resend(older_than=2 * settings.AWAKEN_LEASE_SECONDS,
                                                  limit=limit))
     WorkerProcess.objects.filter(reported_at__lt=timezone.now() - WORKER_REPORTS_KEPT).delete()
     return counts

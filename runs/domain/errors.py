@@ -79,3 +79,8 @@ class LinkUsed(LinkGone):
 
 class LinkRevoked(LinkGone):
     code = "link_revoked"
+
+
+class BulkJobNotFound(ServiceError):
+    code = "not_found"
+    status = 404

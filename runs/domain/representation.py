@@ -11,7 +11,7 @@ import json
 
 from django.utils import timezone
 
-from runs.models import Event, Run
+from runs.models import BulkJob, Event, Run
 
 
 def when(value) -> str | None:
@@ -73,6 +73,22 @@ def event_data(event: Event) -> dict:
             "kind": event.kind, "state": event.state, "end_cause": event.end_cause,
             "generation": event.generation, "actor": event.actor, "source": event.source,
             "data": event.data, "at": when(event.at)}
+
+
+def bulk_data(job: BulkJob) -> dict:
+    """The representation of a bulk job: what it asks, of which runs, and how far it got."""
+    return {"id": str(job.id), "action": job.action, "reason": job.reason,
+            "filter": job.filter, "state": job.state, "total": job.total, "done": job.done,
+            "applied": job.applied, "unchanged": job.unchanged, "refused": job.refused,
+            "requested_by": job.requested_by, "source": job.source,
+            "aborted_by": job.aborted_by, "version": job.version,
+            "created_at": when(job.created_at), "started_at": when(job.started_at),
+            "finished_at": when(job.finished_at)}
+
+
+def bulk_text(job: BulkJob) -> str:
+    """The ``bulk.changed`` socket message for a bulk job's progress, encoded once."""
+    return json.dumps({"type": "bulk.changed", "job": bulk_data(job)})
 
 
 def change_text(*, run: Run, event: Event) -> str:
