@@ -214,6 +214,10 @@ class Run(models.Model):
             models.Index(fields=["agent", "-created_at", "-id"], name="runs_run_agent_newest"),
             models.Index(fields=["thread_id", "-created_at", "-id"],
                          name="runs_run_thread_newest"),
+            # And by end cause, which also lets several statuses at once (status=running,
+            # failed) read only the runs that match (runs.selectors.matching).
+            models.Index(fields=["end_cause", "-created_at", "-id"],
+                         name="runs_run_cause_newest"),
             # The sweeper re-dispatches queued runs whose broker message may be lost.
             models.Index(
                 fields=["dispatched_at"],

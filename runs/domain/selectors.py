@@ -7,7 +7,8 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Q
+from django.db.models import F, Field, Func, Q, Value
+from django.db.models.lookups import GreaterThan, LessThan
 
 from runs.domain.errors import InvalidRequest, RunNotFound
 from runs.domain.representation import change_text, snapshot_text
@@ -134,16 +135,26 @@ def run_list(*, filters: dict, search: str = "", cursor: str | None = None, limi
     criteria = dict(filters)
     if search.strip():
         criteria["q"] = search
-    queryset = runs().filter(matching(**criteria))
+    queryset = Run.objects.filter(matching(**criteria))
     after = decode_cursor(cursor, sort) if cursor else None
-    page: list[Run] = []
+    # The page's ids first, from the index alone; then their runs with ticket and control.
+    # (Joined into the ordered read, the planner may join every match before it sorts.)
+    ids: list = []
     for segment in _segments(queryset, column, descending, after):
-        page += segment[: limit + 1 - len(page)]
-        if len(page) > limit:
+        ids += segment.values_list("id", flat=True)[: limit + 1 - len(ids)]
+        if len(ids) > limit:
             break
-    more = len(page) > limit
-    page = page[:limit]
+    found = runs().in_bulk(ids[:limit])
+    page = [found[run_id] for run_id in ids[:limit]]
+    more = len(ids) > limit
     return page, (encode_cursor(page[-1], sort) if more else None)
+
+
+class Row(Func):
+    """A row value, ``(a, b)``: compared column by column, in the order of an index."""
+
+    template = "(%(expressions)s)"
+    output_field = Field()
 
 
 def sort_column(sort: str) -> tuple[str, bool]:
@@ -169,12 +180,14 @@ def _segments(queryset, column: str, descending: bool, after):
         segments.append(values)
     elif after[0] is not None:
         value, run_id = after
-        # (column, id) beyond the cursor: the first condition alone is what lets the index
-        # scan start at the cursor instead of skipping every run before it.
+        # (column, id) beyond the cursor as one row comparison, which the index scan starts
+        # at: an OR of its parts would skip, one by one, every run that ties on the value.
         edge = "lte" if descending else "gte"
+        beyond = LessThan if descending else GreaterThan
+        cursor = Row(Value(value, output_field=Run._meta.get_field(column)),
+                     Value(run_id, output_field=Run._meta.pk))
         segments.append(values.filter(**{f"{column}__{edge}": value}).filter(
-            Q(**{f"{column}__{before_or_after}": value}) | Q(**{f"id__{before_or_after}": run_id})
-        ))
+            beyond(Row(F(column), F("id")), cursor)))
     elif descending:  # the cursor is among the NULLs, which come first going down
         segments.append(values)
     if column not in NULLABLE:
