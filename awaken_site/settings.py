@@ -262,12 +262,23 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "runs.api.schema.refuse_unknown_fields"],
+    # Choice sets that share a field name with the run's get names of their own.
+    "ENUM_NAME_OVERRIDES": {
+        "RunStateEnum": "runs.models.RunState",
+        "EndCauseEnum": "runs.models.EndCause",
+        "ReviewLinkStateEnum": "runs.api.review.LINK_STATES",
+        "BulkJobStateEnum": "runs.models.BulkState",
+    },
 }
 
 # --- Run control ----------------------------------------------------------------------
 
 AWAKEN_LEASE_SECONDS = envnumber("AWAKEN_LEASE_SECONDS", "15", kind=float, minimum=0.5)
 AWAKEN_MAX_CRASH_RETRIES = envnumber("AWAKEN_MAX_CRASH_RETRIES", "3", minimum=0)
+# The most runs one bulk job may select.
+AWAKEN_BULK_MAX_RUNS = envnumber("AWAKEN_BULK_MAX_RUNS", "10000", minimum=1)
+# How long a review link lasts unless its maker says otherwise (60 s to 7 days).
+AWAKEN_REVIEW_LINK_SECONDS = envnumber("AWAKEN_REVIEW_LINK_SECONDS", "86400", minimum=60)
 
 # --- Limits on input ------------------------------------------------------------------
 

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from runs.api import review
 from runs.pages import views
 
 handler404 = "runs.api.errors.not_found"
@@ -13,6 +14,8 @@ urlpatterns = [
     path("runs/<uuid:run_id>/panel/", views.panel, name="runs-panel"),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.metrics, name="metrics"),
+    # A review link: whoever holds it answers one ticket, with no account (JSON for now).
+    path("review/<str:token>/", review.ReviewView.as_view(), name="runs-review"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

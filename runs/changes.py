@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from channels.layers import get_channel_layer
 
 from runs.domain import selectors
-from runs.domain.representation import change_text, run_data
+from runs.domain.representation import bulk_text, change_text, run_data
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,11 @@ def announce(*, changes) -> None:
     # a change nobody there waits for.
     stream.publish([{"type": "run.changed", "run_id": str(run.id),
                      "text": change_text(run=run, event=event)} for run, event in changes])
+
+
+def bulk_changed(*, job) -> None:
+    """Announce a bulk job's committed state and progress to the sockets of the run list."""
+    stream.publish([{"type": "bulk.changed", "text": bulk_text(job)}])
 
 
 class Watch:
@@ -299,22 +304,34 @@ class Stream:
                 continue
             if message.get("type") == "run.changed":
                 self._deliver(message)
+            elif message.get("type") == "bulk.changed":
+                self._deliver_to_list(message["text"])
 
     def _deliver(self, message: dict) -> None:  # on the loop
         text, run_id = message["text"], message.get("run_id")
         with self._lock:
             outboxes = [*self._sockets.get(EVERY_RUN, ()), *self._sockets.get(run_id, ())]
             watches = list(self._watches.get(run_id, ()))
-        by_loop: dict[asyncio.AbstractEventLoop, list[Outbox]] = {}
-        for outbox in outboxes:
-            by_loop.setdefault(outbox.loop, []).append(outbox)
-        for loop, group in by_loop.items():  # one hand-over per loop (daphne's), not per socket
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(_put_each, group, text)
+        _hand_over(outboxes, text)
         if watches:
             run = json.loads(text)["run"]
             for watch in watches:
                 watch.offer(run)
+
+    def _deliver_to_list(self, text: str) -> None:  # on the loop
+        """Hand ``text`` to the sockets that follow every run (the run list)."""
+        with self._lock:
+            outboxes = list(self._sockets.get(EVERY_RUN, ()))
+        _hand_over(outboxes, text)
+
+
+def _hand_over(outboxes: list[Outbox], text: str) -> None:
+    by_loop: dict[asyncio.AbstractEventLoop, list[Outbox]] = {}
+    for outbox in outboxes:
+        by_loop.setdefault(outbox.loop, []).append(outbox)
+    for loop, group in by_loop.items():  # one hand-over per loop (daphne's), not per socket
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(_put_each, group, text)
 
 
 def _put_each(outboxes: list[Outbox], text: str) -> None:  # on the sockets' loop

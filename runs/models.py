@@ -10,7 +10,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 
@@ -43,6 +43,7 @@ class Source(models.TextChoices):
     CLI = "cli", "Command line"
     POLICY = "policy", "Policy"
     WORKER = "worker", "Worker"
+    LINK = "link", "Review link"  # a reviewer without an account, through a review link
 
 
 LIVE_STATES = (RunState.QUEUED, RunState.RUNNING, RunState.AWAITING)
@@ -74,6 +75,11 @@ class Run(models.Model):
     thread_id = models.CharField(max_length=200, help_text="Groups related runs.")
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    # No index of its own: runs_run_reruns below covers the few rows that set it.
+    rerun_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reruns",
+        db_index=False, help_text="The run this one was started again from (Run again).",
     )
 
     state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.QUEUED)
@@ -213,12 +219,25 @@ class Run(models.Model):
             models.Index(fields=["agent", "-created_at", "-id"], name="runs_run_agent_newest"),
             models.Index(fields=["thread_id", "-created_at", "-id"],
                          name="runs_run_thread_newest"),
+            # And by end cause, which also lets several statuses at once (status=running,
+            # failed) read only the runs that match (runs.selectors.matching).
+            models.Index(fields=["end_cause", "-created_at", "-id"],
+                         name="runs_run_cause_newest"),
             # The sweeper re-dispatches queued runs whose broker message may be lost.
             models.Index(
                 fields=["dispatched_at"],
                 condition=Q(state=RunState.QUEUED),
                 name="runs_run_queued_dispatch",
             ),
+            # The run list sorted by start, end or running time, either way (runs.selectors
+            # .run_list: one index range per page, its NULLs read as a group of their own),
+            # and the overview's counts of runs started and ended in its window.
+            models.Index(fields=["started_at", "id"], name="runs_run_started"),
+            models.Index(fields=["ended_at", "id"], name="runs_run_ended"),
+            models.Index(fields=["seconds_used", "id"], name="runs_run_seconds_used"),
+            # The reruns of a run, for its page.
+            models.Index(fields=["rerun_of"], condition=Q(rerun_of__isnull=False),
+                         name="runs_run_reruns"),
         ]
 
     def __str__(self) -> str:
@@ -236,6 +255,14 @@ class Run(models.Model):
     @property
     def allowed_actions(self) -> tuple[str, ...]:
         return tuple(str(action) for action in ALLOWED_ACTIONS[self.state])
+
+    @property
+    def duration(self) -> float:
+        """Seconds of running time: closed attempts, plus the live attempt so far."""
+        if self.state == RunState.RUNNING and self.claimed_at is not None:
+            return self.seconds_used + max(0.0, (timezone.now() - self.claimed_at)
+                                           .total_seconds())
+        return self.seconds_used
 
 
 class AttemptState(models.TextChoices):
@@ -321,6 +348,8 @@ class ResumeTicket(models.Model):
     generation = models.PositiveIntegerField(help_text="The attempt that paused.")
     reason = models.CharField(max_length=16, choices=TicketReason.choices)
     prompt = models.JSONField(null=True, blank=True, help_text="What the agent asked for.")
+    schema = models.JSONField(
+        null=True, blank=True, help_text="JSON Schema the resume input must satisfy, if any.")
     state = models.CharField(max_length=16, choices=TicketState.choices, default=TicketState.OPEN)
     resume_input = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -354,6 +383,60 @@ class ResumeTicket(models.Model):
 
     def __str__(self) -> str:
         return f"ticket {self.id} ({self.state})"
+
+
+class LinkState(models.TextChoices):
+    OPEN = "open", "Open"  # can be opened and used until it expires
+    USED = "used", "Used"  # a reviewer resumed the run with it
+    REVOKED = "revoked", "Revoked"  # an operator withdrew it
+
+
+class ReviewLink(models.Model):
+    """A single-use, expiring link that lets someone without an account answer one ticket.
+
+    The link's token is shown once, when it is made; only its SHA-256 is kept.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="review_links")
+    ticket = models.ForeignKey(ResumeTicket, on_delete=models.CASCADE, related_name="+",
+                               db_index=False, help_text="The one ticket it answers.")
+    token_hash = models.CharField(max_length=64, unique=True,
+                                  help_text="SHA-256 of the token, in hex.")
+    state = models.CharField(max_length=16, choices=LinkState.choices, default=LinkState.OPEN)
+    created_by = models.CharField(max_length=150, help_text="The operator who made it.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    closed_at = models.DateTimeField(null=True, blank=True)
+    closed_by = models.CharField(
+        max_length=150, null=True, blank=True,
+        help_text="The reviewer's name (used) or the operator's (revoked).")
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=LinkState.values), name="runs_link_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(state=LinkState.OPEN, closed_at__isnull=True, closed_by__isnull=True)
+                    | (~Q(state=LinkState.OPEN) & Q(closed_at__isnull=False,
+                                                    closed_by__isnull=False))
+                ),
+                name="runs_link_closed_iff_not_open",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"review link {self.id} ({self.state})"
+
+    @property
+    def status(self) -> str:
+        """The state as a reader sees it: an open link past its time is ``expired``."""
+        if self.state == LinkState.OPEN and self.expires_at <= timezone.now():
+            return "expired"
+        return self.state
 
 
 class ControlAction(models.TextChoices):
@@ -418,6 +501,11 @@ class ControlIntent(models.Model):
                 condition=Q(applied_at__isnull=True),
                 name="runs_intent_one_pending_per_run",
             ),
+        ]
+        indexes = [
+            # Time to stop over the overview's window (runs.domain.overview.time_to_stop).
+            models.Index(fields=["applied_at"], condition=Q(applied_at__isnull=False),
+                         name="runs_intent_applied"),
         ]
 
     def __str__(self) -> str:
@@ -544,3 +632,123 @@ class AuthFailure(models.Model):
 
     def __str__(self) -> str:
         return f"{self.failures} failure(s) of {self.get_scope_display().lower()} {self.ident}"
+
+
+class BulkState(models.TextChoices):
+    QUEUED = "queued", "Queued"  # made; its task is on its way to a worker
+    RUNNING = "running", "Running"  # a worker goes through its runs
+    DONE = "done", "Done"  # every selected run was handled
+    ABORTED = "aborted", "Aborted"  # an operator stopped it; runs not reached are unchanged
+
+
+LIVE_BULK_STATES = (BulkState.QUEUED, BulkState.RUNNING)
+
+
+class BulkJob(models.Model):
+    """One cancel or stop asked of many runs at once, carried out by a worker run by run.
+
+    The job and its selection (``BulkItem``) are rows: the job goes on whatever happens to
+    the web process that made it or the worker that runs it.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    action = models.CharField(max_length=16, choices=ControlAction.choices)
+    reason = models.TextField(null=True, blank=True)
+    filter = models.JSONField(
+        null=True, blank=True,
+        help_text="The run-list filters that chose the runs; null when chosen by id.")
+    state = models.CharField(max_length=16, choices=BulkState.choices, default=BulkState.QUEUED)
+    total = models.PositiveIntegerField(help_text="Runs selected.")
+    done = models.PositiveIntegerField(default=0, help_text="Runs handled so far.")
+    applied = models.PositiveIntegerField(default=0, help_text="Handled: request recorded.")
+    unchanged = models.PositiveIntegerField(default=0, help_text="Handled: already ended.")
+    refused = models.PositiveIntegerField(default=0, help_text="Handled: the service refused.")
+    requested_by = models.CharField(max_length=150)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    source = models.CharField(max_length=16, choices=Source.choices)
+    aborted_by = models.CharField(max_length=150, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(
+        help_text="When it was last sent to a worker or a worker last handled one of its runs.")
+    version = models.PositiveIntegerField(default=1, help_text="+1 per change.")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=BulkState.values), name="runs_bulk_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=(Q(action=ControlAction.CANCEL)
+                           | Q(action=ControlAction.STOP, reason__isnull=False)),
+                name="runs_bulk_stop_has_reason",
+            ),
+            models.CheckConstraint(
+                condition=(Q(state__in=LIVE_BULK_STATES, finished_at__isnull=True)
+                           | (~Q(state__in=LIVE_BULK_STATES) & Q(finished_at__isnull=False))),
+                name="runs_bulk_finished_iff_over",
+            ),
+            # Each handled run is counted once, under one outcome (runs.domain.bulk).
+            models.CheckConstraint(
+                condition=Q(done=F("applied") + F("unchanged") + F("refused"),
+                            done__lte=F("total")),
+                name="runs_bulk_counts_add_up",
+            ),
+        ]
+        indexes = [
+            # Past jobs, newest first (runs.domain.bulk.bulk_jobs).
+            models.Index(fields=["-created_at", "-id"], name="runs_bulk_newest"),
+            # The sweeper sends again the jobs nobody has moved on lately.
+            models.Index(fields=["heartbeat_at"], condition=Q(state__in=LIVE_BULK_STATES),
+                         name="runs_bulk_live_heartbeat"),
+        ]
+
+    def __str__(self) -> str:
+        return f"bulk {self.action} {self.id} ({self.state}, {self.done}/{self.total})"
+
+
+class ItemOutcome(models.TextChoices):
+    PENDING = "pending", "Pending"  # not handled yet
+    APPLIED = "applied", "Applied"  # the request was recorded (and the run ended, or told)
+    UNCHANGED = "unchanged", "Unchanged"  # the run had already ended: nothing to do
+    REFUSED = "refused", "Refused"  # the service refused; ``detail`` says why
+
+
+class BulkItem(models.Model):
+    """One run of a bulk job's selection, and what the job did with it."""
+
+    # No index of its own: (job, run) below leads with it.
+    job = models.ForeignKey(BulkJob, on_delete=models.CASCADE, related_name="items",
+                            db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+", db_index=False)
+    outcome = models.CharField(max_length=16, choices=ItemOutcome.choices,
+                               default=ItemOutcome.PENDING)
+    detail = models.TextField(null=True, blank=True)
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(outcome__in=ItemOutcome.values), name="runs_bulkitem_outcome_valid"
+            ),
+            # A run is selected once per job, so it is handled (and counted) once.
+            models.UniqueConstraint(fields=["job", "run"], name="runs_bulkitem_once_per_job"),
+            models.CheckConstraint(
+                condition=(Q(outcome=ItemOutcome.PENDING, done_at__isnull=True)
+                           | (~Q(outcome=ItemOutcome.PENDING) & Q(done_at__isnull=False))),
+                name="runs_bulkitem_done_at_iff_handled",
+            ),
+        ]
+        indexes = [
+            # The runs a job has yet to handle, in order (runs.domain.bulk.bulk_job_run).
+            models.Index(fields=["job", "id"], condition=Q(outcome=ItemOutcome.PENDING),
+                         name="runs_bulkitem_pending"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.run_id} ({self.outcome})"

@@ -28,3 +28,12 @@ def execute(self, run_ids: list[str] | str) -> None:
 @shared_task(name="runs.sweep", ignore_result=True)
 def sweep() -> dict:
     return domain.sweep()
+
+
+@shared_task(bind=True, name=web_side.BULK, acks_late=True, ignore_result=True)
+def bulk(self, job_id: str) -> None:
+    """Handle the next runs of a bulk job; a job with runs left is sent on as a new message,
+    so it holds a worker thread for one slice at a time. A redelivered or duplicated message
+    finds the runs already handled and skips them."""
+    if domain.bulk_job_run(job_id=job_id):
+        web_side.bulk_queued(job_id=job_id)

@@ -25,3 +25,19 @@ def test_cancel_reaches_the_live_attempt(embedded_site):
     status, body = embedded_site.call("POST", f"/api/runs/{run['id']}/cancel/")
     assert status == 200
     assert body["end_cause"] == "cancelled" and body["control"]["delivered_at"]
+
+
+def test_a_bulk_job_runs_on_the_in_process_worker(embedded_site):
+    later = "2999-01-01T00:00:00+00:00"  # queued until then: the job finds them queued
+    ids = [embedded_site.call("POST", "/api/runs/", {"agent": "demo.steps",
+                                                     "start_after": later})[1]["id"]
+           for _ in range(3)]
+    status, job = embedded_site.call("POST", "/api/bulk/", {"action": "stop", "ids": ids,
+                                                            "reason": "not needed"})
+    assert status == 201, job
+    done = wait_until(lambda: (lambda j: j if j["state"] == "done" else None)(
+        embedded_site.call("GET", f"/api/bulk/{job['id']}/")[1]), 15, "the bulk job")
+    assert (done["total"], done["done"], done["applied"]) == (3, 3, 3)
+    for run_id in ids:
+        run = embedded_site.call("GET", f"/api/runs/{run_id}/")[1]
+        assert (run["end_cause"], run["stop_reason"]) == ("stopped", "not needed")

@@ -20,6 +20,7 @@ from rest_framework.utils.encoders import JSONEncoder
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from runs.domain.keys import api_key_issue
+from runs.domain.review import review_link_create
 from tests.conftest import db_state, make_user
 from tests.factories import awaiting_run, queued_run
 
@@ -172,7 +173,8 @@ QUERY_OPERATIONS = sorted(label for label, op in OPERATIONS.items() if list(op.q
 @pytest.fixture
 def operator_client(settings):
     queued, (awaiting, _) = queued_run(), awaiting_run()
-    RUN_IDS.update({"resume": awaiting.id, "other": queued.id})
+    _, review_token = review_link_create(run_id=awaiting.id, actor="fuzz", seconds=3600)
+    RUN_IDS.update({"resume": awaiting.id, "other": queued.id, "token": review_token})
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION="Token " + api_key_issue(
         user=make_user("fuzz-operator", "operator")))
@@ -195,7 +197,7 @@ def refused(response) -> None:
 def test_hostile_bodies_are_refused_and_change_nothing(label, kind, operator_client):
     operation = OPERATIONS[label]
     run_id = RUN_IDS["resume" if "resume" in label else "other"]
-    path = operation.path.replace("{run_id}", str(run_id))
+    path = operation.path.replace("{run_id}", str(run_id)).replace("{token}", RUN_IDS["token"])
     before = db_state()
 
     @given(case=operation.as_strategy(), data=st.data())

@@ -29,16 +29,21 @@ def routes(patterns=None, prefix=""):
             yield prefix + str(entry.pattern)
 
 
+# A route whose token is the credential: anyone may call it, and a wrong token is a 404.
+BY_TOKEN = {"review/<str:token>/"}
+
+
 def concrete(route: str, run_id) -> str:
     path = route.lstrip("^").rstrip("$").replace("\\Z", "")
     for name in ("<str:run_id>", "<uuid:run_id>"):
         path = path.replace(name, str(run_id))
-    return "/" + path
+    path = path.replace("<str:token>", "not-a-token")
+    return "/" + re.sub(r"<(str|uuid):\w+>", str(uuid.UUID(int=1)), path)
 
 
 def project_routes():
     for route in routes():
-        if route.startswith("admin/") or "<" in re.sub(r"<(str|uuid):run_id>", "", route):
+        if route.startswith("admin/"):
             continue  # the admin guards itself (staff login); see the admin tests
         yield route
 
@@ -50,13 +55,27 @@ def is_control(route: str) -> bool:
 
 
 GUARDED = [route for route in project_routes()
-           if route.rstrip("/") not in {p.rstrip("/") for p in PUBLIC}]
+           if route.rstrip("/") not in {p.rstrip("/") for p in PUBLIC | BY_TOKEN}]
 CONTROLS = [route for route in project_routes() if is_control(route)]
 
 
 def test_the_routes_are_found():
     assert len(GUARDED) >= 12
     assert len(CONTROLS) >= 7  # create, batch, cancel, stop, pause, resume, deliver
+    console = {"api/runs/<str:run_id>/rerun/", "api/runs/<str:run_id>/review-links/",
+               "api/runs/<str:run_id>/review-links/<str:link_id>/revoke/",
+               "api/bulk/", "api/bulk/preview/", "api/bulk/<str:job_id>/abort/"}
+    assert console <= set(CONTROLS)
+    assert console | {"api/overview/", "api/bulk/<str:job_id>/"} <= set(GUARDED)
+
+
+@pytest.mark.parametrize("route", sorted(BY_TOKEN))
+def test_a_route_by_token_tells_a_wrong_token_nothing(route):
+    queued_run()
+    for method in ("get", "post"):
+        response = getattr(Client(), method)(concrete(route, uuid.UUID(int=0)))
+        assert response.status_code == 404, (method, response.status_code)
+        assert response.json() == {"code": "not_found", "detail": "No such review link."}
 
 
 @pytest.mark.parametrize("route", GUARDED, ids=lambda route: "/" + route)

@@ -84,6 +84,10 @@ class Late(Agent):
         return {"answer": answer}
 
 
+APPROVAL_SCHEMA = {"type": "object", "properties": {"approved": {"type": "boolean"}},
+                   "required": ["approved"]}
+
+
 @register
 class Approval(Agent):
     """Asks for approval after ``steps_before`` steps; resume input ``{"approved": bool}``."""
@@ -94,7 +98,8 @@ class Approval(Agent):
         seconds = float(ctx.input.get("step_seconds", 0.2))
         await run_steps(ctx, int(ctx.input.get("steps_before", 1)), seconds, 100)
         if "approved" not in ctx.state:
-            answer = await ctx.wait_for_input(reason="approval", prompt={"question": "Continue?"})
+            answer = await ctx.wait_for_input(reason="approval", prompt={"question": "Continue?"},
+                                              schema=APPROVAL_SCHEMA)
             ctx.state["approved"] = bool((answer or {}).get("approved"))
         if not ctx.state["approved"]:
             raise PermissionError("not approved")

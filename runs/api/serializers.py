@@ -10,7 +10,7 @@ from rest_framework import serializers
 from rest_framework.settings import api_settings
 
 from runs.domain import catalogue
-from runs.domain.representation import event_data, run_data
+from runs.domain.representation import event_data, run_data, run_url
 from runs.domain.runs import BUDGET_LIMITS, LIVE_COMMANDS, MAX_BATCH
 from runs.models import Action, EndCause, Event, Run, RunState
 
@@ -19,6 +19,8 @@ class TicketSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     reason = serializers.CharField()
     prompt = serializers.JSONField(allow_null=True)
+    schema = serializers.JSONField(
+        allow_null=True, help_text="JSON Schema the resume input must satisfy, if any.")
     created_at = serializers.DateTimeField()
 
 
@@ -75,7 +77,11 @@ class UsageSerializer(serializers.Serializer):
 
 
 class RunSerializer(serializers.ModelSerializer):
+    url = serializers.SerializerMethodField(help_text="Path of the run's page.")
     parent_id = serializers.UUIDField(allow_null=True)
+    rerun_of = serializers.UUIDField(
+        allow_null=True, source="rerun_of_id",
+        help_text="The run this one was started again from (Run again).")
     ticket = TicketSerializer(allow_null=True)
     control = ControlSerializer(allow_null=True)
     budget = BudgetSerializer(source="*")
@@ -93,16 +99,21 @@ class RunSerializer(serializers.ModelSerializer):
         source="allowed_actions",
         child=serializers.ChoiceField(choices=Action.values),
         help_text="What the run's state allows an operator to ask of it now.")
+    duration = serializers.FloatField(
+        help_text="Seconds of running time: closed attempts, plus the live one so far.")
 
     class Meta:
         model = Run
         fields = [
-            "id", "agent", "input", "thread_id", "parent_id", "state", "end_cause",
-            "stop_code", "stop_reason", "error", "output", "generation", "owner", "ticket",
-            "control", "actions", "budget", "usage", "version", "start_after", "created_at",
-            "started_at", "ended_at", "updated_at", "truncated",
+            "id", "url", "agent", "input", "thread_id", "parent_id", "rerun_of", "state",
+            "end_cause", "stop_code", "stop_reason", "error", "output", "generation", "owner",
+            "ticket", "control", "actions", "budget", "usage", "duration", "version",
+            "start_after", "created_at", "started_at", "ended_at", "updated_at", "truncated",
         ]
         read_only_fields = fields
+
+    def get_url(self, run) -> str:
+        return run_url(run.id)
 
     def to_representation(self, instance):
         return run_data(instance)

@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularSwaggerSplitView
 
-from runs.api import views
+from runs.api import bulk, console, review, views
 
 urlpatterns = [
     path("runs/", views.RunListView.as_view(), name="runs-list"),
@@ -14,7 +14,17 @@ urlpatterns = [
     path("runs/<str:run_id>/resume/", views.RunResumeView.as_view(), name="runs-resume"),
     path("runs/<str:run_id>/pause/", views.RunPauseView.as_view(), name="runs-pause"),
     path("runs/<str:run_id>/deliver/", views.RunDeliverView.as_view(), name="runs-deliver"),
+    path("runs/<str:run_id>/rerun/", console.RunRerunView.as_view(), name="runs-rerun"),
+    path("runs/<str:run_id>/review-links/", review.ReviewLinksView.as_view(),
+         name="runs-review-links"),
+    path("runs/<str:run_id>/review-links/<str:link_id>/revoke/",
+         review.ReviewLinkRevokeView.as_view(), name="runs-review-link-revoke"),
     path("events/", views.EventListView.as_view(), name="runs-events-all"),
+    path("overview/", console.OverviewView.as_view(), name="runs-overview"),
+    path("bulk/", bulk.BulkListView.as_view(), name="runs-bulk"),
+    path("bulk/preview/", bulk.BulkPreviewView.as_view(), name="runs-bulk-preview"),
+    path("bulk/<str:job_id>/", bulk.BulkDetailView.as_view(), name="runs-bulk-detail"),
+    path("bulk/<str:job_id>/abort/", bulk.BulkAbortView.as_view(), name="runs-bulk-abort"),
     path("schema/", views.SchemaView.as_view(), name="runs-schema"),
     # The split view serves its start-up script from a URL: the CSP allows no inline script.
     path("docs/", SpectacularSwaggerSplitView.as_view(

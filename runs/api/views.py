@@ -10,8 +10,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from runs import domain
+from runs.api import listing, waiting
 from runs.api import serializers as s
-from runs.api import waiting
 from runs.api.permissions import IsOperator, IsViewer
 from runs.domain import limits, selectors
 from runs.domain.errors import InvalidRequest, NotActive
@@ -55,14 +55,14 @@ class OperatorPostMixin:
 
 
 class RunListView(OperatorPostMixin, APIView):
-    @extend_schema(operation_id="runs_list", parameters=[s.RunListQuery],
+    @extend_schema(operation_id="runs_list", parameters=[listing.RunSearchQuery],
                    responses={200: s.RunPageSerializer, **ERRORS})
     def get(self, request):
-        """Runs, newest first."""
-        filters = query(s.RunListQuery, request)
-        limit, cursor = filters.pop("limit"), filters.pop("cursor", None)
+        """Runs matching the filters, newest first unless sorted otherwise."""
+        filters = listing.run_search(request)
+        limit, cursor, sort = filters.pop("limit"), filters.pop("cursor", None), filters.pop("sort")
         page, next_cursor = selectors.run_list(
-            filters=filters, cursor=cursor, limit=limit,
+            filters=filters, cursor=cursor, limit=limit, sort=sort,
             payload_bytes=settings.AWAKEN_LIST_PAYLOAD_BYTES)
         next_url = None
         if next_cursor:

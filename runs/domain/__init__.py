@@ -22,6 +22,14 @@ from runs.domain.attempts import (
     sweep,
     worker_report,
 )
+from runs.domain.bulk import (
+    bulk_create,
+    bulk_job_abort,
+    bulk_job_get,
+    bulk_job_run,
+    bulk_jobs,
+    bulk_preview,
+)
 from runs.domain.core import Ending, finish, locked_run
 from runs.domain.errors import (
     Fenced,
@@ -39,6 +47,7 @@ from runs.domain.runs import (
     run_create,
     run_deliver,
     run_pause,
+    run_rerun,
     run_resume,
     run_stop,
     runs_create,
@@ -47,6 +56,12 @@ from runs.domain.runs import (
 )
 
 __all__ = [
+    "bulk_create",
+    "bulk_job_abort",
+    "bulk_job_get",
+    "bulk_job_run",
+    "bulk_jobs",
+    "bulk_preview",
     "ControlResult",
     "Ending",
     "Fenced",
@@ -77,6 +92,7 @@ __all__ = [
     "run_create",
     "run_deliver",
     "run_pause",
+    "run_rerun",
     "run_resume",
     "run_stop",
     "runs_create",

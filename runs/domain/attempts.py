@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from runs.domain import ports, sql
+from runs.domain.bulk import bulk_jobs_resend
 from runs.domain.core import (
     Ending,
     database_now,
@@ -30,6 +31,7 @@ from runs.domain.core import (
     release_claim,
 )
 from runs.domain.errors import Fenced
+from runs.domain.schemas import check_schema
 from runs.models import (
     AppliedVia,
     Attempt,
@@ -103,12 +105,15 @@ def attempt_step(*, run_id, generation: int, tokens: int = 0, agent_state=None,
 
 
 def attempt_pause(*, run_id, generation: int, reason: str = TicketReason.MANUAL_PAUSE,
-                  prompt=None, agent_state=None, actor: str | None = None,
+                  prompt=None, schema=None, agent_state=None, actor: str | None = None,
                   source: str | None = "worker") -> ResumeTicket | None:
     """Move the run to ``awaiting`` with a new open ticket; the attempt closes.
 
-    A pending cancel or stop wins over the pause: the run ends instead and None is returned.
+    ``schema`` (a JSON Schema) is what the resume input must satisfy; an invalid one is
+    refused (InvalidRequest) and nothing changes. A pending cancel or stop wins over the
+    pause: the run ends instead and None is returned.
     """
+    check_schema(schema)
     with transaction.atomic():
         run = _locked_current(run_id, generation)
         intent = pending_intent(run)
@@ -118,7 +123,7 @@ def attempt_pause(*, run_id, generation: int, reason: str = TicketReason.MANUAL_
             return None
         released = release_claim(run, CloseReason.PAUSED, now=timezone.now())
         ticket = ResumeTicket.objects.create(
-            run=run, generation=generation, reason=reason, prompt=prompt
+            run=run, generation=generation, reason=reason, prompt=prompt, schema=schema
         )
         run.state = RunState.AWAITING
         run.ticket = ticket
@@ -297,7 +302,8 @@ WORKER_REPORTS_KEPT = timedelta(hours=1)
 
 def sweep(*, limit: int = 200) -> dict:
     """One pass of the sweeper (SPEC §6): expired leases, then queued runs whose message
-    may be lost. Each row is its own compare-and-set transition, so sweeps may overlap."""
+    may be lost, then bulk jobs that nobody moves on. Each row is its own compare-and-set
+    transition, so sweeps may overlap."""
     counts = {"applied": 0, "requeued": 0, "failed": 0, "redispatched": 0}
     expired = (Attempt.objects.filter(state=AttemptState.LIVE, lease_expires_at__lt=Now())
                .order_by("lease_expires_at").values_list("run_id", "generation")[:limit])
@@ -307,6 +313,8 @@ def sweep(*, limit: int = 200) -> dict:
         if outcome:
             counts[outcome] += 1
     counts["redispatched"] = len(runs_redispatch(older_than=settings.AWAKEN_LEASE_SECONDS,
+                                                 limit=limit))
+    counts["bulk_resent"] = len(bulk_jobs_resend(older_than=2 * settings.AWAKEN_LEASE_SECONDS,
                                                  limit=limit))
     WorkerProcess.objects.filter(reported_at__lt=timezone.now() - WORKER_REPORTS_KEPT).delete()
     return counts

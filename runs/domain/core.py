@@ -103,8 +103,14 @@ def record_created(runs: list[Run], *, actor: str | None, source: str) -> None:
     for run in runs:
         run.version = 1
     sql.insert(*runs)
-    _write_events(runs, EventKind.CREATED, actor=actor, source=source,
-                  data=lambda run: {"agent": run.agent})
+    _write_events(runs, EventKind.CREATED, actor=actor, source=source, data=_created_data)
+
+
+def _created_data(run: Run) -> dict:
+    data = {"agent": run.agent}
+    if run.rerun_of_id is not None:
+        data["rerun_of"] = str(run.rerun_of_id)
+    return data
 
 
 def _write_events(runs: list[Run], kind: str, *, actor, source, data) -> list[Event]:

@@ -64,3 +64,34 @@ class TooManyFailures(ServiceError):
     def __init__(self, retry_after: int):
         super().__init__(f"Too many failed key checks; try again in {retry_after} seconds.")
         self.retry_after = retry_after
+
+
+class LinkNotFound(ServiceError):
+    """No review link with that token (or id, for that run)."""
+
+    code = "not_found"
+    status = 404
+
+
+class LinkGone(ServiceError):
+    """A review link that can no longer be used: expired, used or revoked."""
+
+    code = "link_gone"
+    status = 410
+
+
+class LinkExpired(LinkGone):
+    code = "link_expired"
+
+
+class LinkUsed(LinkGone):
+    code = "link_used"
+
+
+class LinkRevoked(LinkGone):
+    code = "link_revoked"
+
+
+class BulkJobNotFound(ServiceError):
+    code = "not_found"
+    status = 404

@@ -4,10 +4,11 @@ The transitions decide; adapters carry their consequences across a process bound
 domain names two such consequences and the project wiring (``runs.apps``) plugs an adapter
 into each when Django starts, so no module here imports Celery, Channels or the API:
 
-* ``workers``: hand queued runs to the workers, and send a live command to the one worker
-  that holds a run's claim, waiting a bounded time for its answer or not at all
-  (``runs.wire.web_side``);
-* ``changes``: announce committed changes to whoever watches them (``runs.changes``).
+* ``workers``: hand queued runs (and bulk jobs) to the workers, and send a live command to
+  the one worker that holds a run's claim, waiting a bounded time for its answer or not at
+  all (``runs.wire.web_side``);
+* ``changes``: announce committed changes (of runs, and of bulk jobs' progress) to whoever
+  watches them (``runs.changes``).
 
 Both are called after commit only (``runs.domain.core.after_commit``), except ``deliver``,
 which is the live command itself and answers whether the attempt took it.
@@ -31,10 +32,16 @@ class Workers(Protocol):
                actor: str | None = None, source: str | None = None) -> None:
         """Send a live command without waiting for its answer."""
 
+    def bulk_queued(self, *, job_id) -> None:
+        """A bulk job has runs left to handle: hand it to a worker."""
+
 
 class Changes(Protocol):
     def announce(self, *, changes: list) -> None:
         """Committed ``(run, event)`` pairs, in commit order."""
+
+    def bulk_changed(self, *, job) -> None:
+        """A bulk job as committed, after a change of its state or progress."""
 
 
 class _Unplugged:

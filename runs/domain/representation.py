@@ -16,7 +16,7 @@ import json
 from django.conf import settings
 from django.utils import timezone
 
-from runs.models import Event, Run
+from runs.models import BulkJob, Event, Run
 
 
 def when(value) -> str | None:
@@ -31,7 +31,7 @@ def ticket_data(ticket) -> dict | None:
     if ticket is None:
         return None
     return {"id": str(ticket.id), "reason": ticket.reason, "prompt": ticket.prompt,
-            "created_at": when(ticket.created_at)}
+            "schema": ticket.schema, "created_at": when(ticket.created_at)}
 
 
 def control_data(intent) -> dict | None:
@@ -48,14 +48,20 @@ def control_data(intent) -> dict | None:
 PAYLOAD = frozenset({"input", "output"})
 
 
+def run_url(run_id) -> str:
+    """The path of a run's page (the route ``runs-page``)."""
+    return f"/runs/{run_id}/"
+
+
 def run_data(run: Run) -> dict:
     """The representation of ``run``. A run loaded without its input and output (see
     ``selectors.run_list``) is written without them and with ``"truncated": true``."""
     truncated = not PAYLOAD.isdisjoint(run.get_deferred_fields())
     data = {
-        "id": str(run.id), "agent": run.agent, "input": None if truncated else run.input,
-        "thread_id": run.thread_id,
+        "id": str(run.id), "url": run_url(run.id), "agent": run.agent,
+        "input": None if truncated else run.input, "thread_id": run.thread_id,
         "parent_id": None if run.parent_id is None else str(run.parent_id),
+        "rerun_of": None if run.rerun_of_id is None else str(run.rerun_of_id),
         "state": run.state, "end_cause": run.end_cause, "stop_code": run.stop_code,
         "stop_reason": run.stop_reason, "error": run.error,
         "output": None if truncated else run.output,
@@ -66,6 +72,7 @@ def run_data(run: Run) -> dict:
         "budget": {"max_steps": run.max_steps, "max_seconds": run.max_seconds,
                    "max_tokens": run.max_tokens},
         "usage": {"steps": run.steps, "tokens": run.tokens, "seconds": run.seconds_used},
+        "duration": run.duration,
         "version": run.version, "start_after": when(run.start_after),
         "created_at": when(run.created_at), "started_at": when(run.started_at),
         "ended_at": when(run.ended_at), "updated_at": when(run.updated_at),
@@ -104,6 +111,22 @@ def pushed(data: dict) -> str:
     its size in bytes."""
     text = json.dumps(data)
     return text if len(text) <= settings.AWAKEN_PUSH_RUN_BYTES else json.dumps(truncated(data))
+
+
+def bulk_data(job: BulkJob) -> dict:
+    """The representation of a bulk job: what it asks, of which runs, and how far it got."""
+    return {"id": str(job.id), "action": job.action, "reason": job.reason,
+            "filter": job.filter, "state": job.state, "total": job.total, "done": job.done,
+            "applied": job.applied, "unchanged": job.unchanged, "refused": job.refused,
+            "requested_by": job.requested_by, "source": job.source,
+            "aborted_by": job.aborted_by, "version": job.version,
+            "created_at": when(job.created_at), "started_at": when(job.started_at),
+            "finished_at": when(job.finished_at)}
+
+
+def bulk_text(job: BulkJob) -> str:
+    """The ``bulk.changed`` socket message for a bulk job's progress, encoded once."""
+    return json.dumps({"type": "bulk.changed", "job": bulk_data(job)})
 
 
 def change_text(*, run: Run, event: Event) -> str:

@@ -30,6 +30,7 @@ from runs.domain.errors import (
     NotAwaiting,
     TicketMismatch,
 )
+from runs.domain.schemas import check_input
 from runs.domain.selectors import run_get, ticket_get
 from runs.models import (
     AppliedVia,
@@ -62,6 +63,7 @@ def run_create(
     idempotency_key: str | None = None,
     source: str = "api",
     dispatch: bool = True,
+    rerun_of: Run | None = None,
 ) -> tuple[Run, bool]:
     """Create a queued run. Returns ``(run, created)``.
 
@@ -75,6 +77,9 @@ def run_create(
                    budget=budget, start_after=start_after, created_by=created_by,
                    parents=_parents([parent_id]))
     run.idempotency_key = idempotency_key
+    if rerun_of is not None:
+        run.rerun_of = rerun_of
+        run.request_fingerprint = _fingerprint(run.request_fingerprint, str(rerun_of.pk))
     try:
         with transaction.atomic():
             record_created([run], actor=_name(created_by), source=source)
@@ -95,6 +100,21 @@ def run_create(
             "This Idempotency-Key was already used with a different request."
         )
     return run, False
+
+
+def run_rerun(*, run_id, created_by=None, idempotency_key: str | None = None,
+              source: str = "api") -> tuple[Run, bool]:
+    """Run again: a new queued run with the agent, input, budget and thread of ``run_id``,
+    linked to it by ``rerun_of``. Returns ``(run, created)`` as ``run_create`` does.
+
+    Any run may be started again, whatever its state. The new run has no parent: a parent
+    takes children only from its own attempt.
+    """
+    old = run_get(run_id)
+    budget = {key: getattr(old, key) for key in BUDGET_KEYS if getattr(old, key) is not None}
+    return run_create(agent=old.agent, input=old.input, thread_id=old.thread_id,
+                      budget=budget, created_by=created_by, idempotency_key=idempotency_key,
+                      source=source, rerun_of=old)
 
 
 MAX_BATCH = 500
@@ -356,7 +376,8 @@ def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run
     """Wake an awaiting run with its open ticket: consume it and queue a new attempt.
 
     Fails closed: a run that is not awaiting (an ended one included) raises NotAwaiting,
-    another ticket raises TicketMismatch; neither changes anything.
+    another ticket raises TicketMismatch, and an input that does not satisfy the ticket's
+    schema raises InvalidRequest; none of them changes anything.
     """
     _check_input(input)
     with transaction.atomic():
@@ -366,6 +387,7 @@ def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run
         ticket = run.ticket
         if str(ticket.pk) != str(ticket_id):
             raise TicketMismatch(f"Ticket {ticket_id} is not the open ticket of run {run.id}.")
+        check_input(ticket.schema, input)
         ticket.state = TicketState.CONSUMED
         ticket.resume_input = input
         ticket.closed_at = timezone.now()

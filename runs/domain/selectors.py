@@ -1,15 +1,18 @@
 """Reads: the run list, one run, and the event log."""
 
 import base64
+import math
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Func, IntegerField, Q
+from django.db.models import F, Field, Func, IntegerField, Q, Value
+from django.db.models.lookups import GreaterThan, LessThan
 
 from runs.domain.errors import InvalidRequest, RunNotFound
 from runs.domain.representation import PAYLOAD, change_text, snapshot_text
-from runs.models import Event, EventKind, ResumeTicket, Run, RunState, TicketState
+from runs.models import EndCause, Event, EventKind, ResumeTicket, Run, RunState, TicketState
 
 
 def runs():
@@ -52,38 +55,106 @@ def claim_holds(*, run_id, generation: int, owner: str) -> bool:
                               generation=generation, owner=owner).exists()
 
 
-def run_list(*, filters: dict, search: str = "", cursor: str | None = None, limit: int = 50,
-             payload_bytes: int | None = None):
-    """A page of runs, newest first. Returns ``(runs, next_cursor or None)``.
+# The orders of the run list: a sort name, ``-`` first for descending, and its column.
+SORTS = {"created": "created_at", "started": "started_at", "ended": "ended_at",
+         "duration": "seconds_used"}
+SORT_CHOICES = [f"{sign}{name}" for name in SORTS for sign in ("-", "")]
+NULLABLE = {"started_at", "ended_at"}  # a run not started (or not ended) yet: NULL
+HEX_PREFIX = re.compile(r"[0-9a-f]{1,32}")
 
-    ``search`` matches a run id exactly or a thread id. Keyset pagination on
-    (created_at, id): a page costs the same at any depth. With ``payload_bytes``, a run
-    whose input and output together take more than that many bytes as stored comes without
-    them (deferred: ``representation.run_data`` writes it truncated), so a page of large
-    runs is never loaded whole.
+
+def id_range(prefix: str) -> tuple[uuid.UUID, uuid.UUID] | None:
+    """The lowest and highest run id that start with ``prefix`` (hex digits, dashes and
+    case ignored), or None if it is not such a prefix. A range of ids, so the primary key
+    index finds them."""
+    digits = prefix.strip().lower().replace("-", "")
+    if not HEX_PREFIX.fullmatch(digits):
+        return None
+    pad = 32 - len(digits)
+    return uuid.UUID(digits + "0" * pad), uuid.UUID(digits + "f" * pad)
+
+
+def matching(*, state=None, end_cause=None, status=(), agent=None, thread_id=None,
+             parent_id=None, id_prefix=None, q=None, error=None, created_after=None,
+             created_before=None) -> Q:
+    """The condition of the run-list filters, all of them together:
+
+    * ``state``, ``end_cause``: one each; ``status``: several states or end causes, any of
+      them (``["running", "failed"]``: running, or ended failed);
+    * ``agent``, ``thread_id``, ``parent_id``: equal;
+    * ``id_prefix``: the run id starts with it (the short id the list shows);
+    * ``q``: a search: an id prefix, a thread id or an agent;
+    * ``error``: failed runs whose error contains it, in any case;
+    * ``created_after`` (inclusive), ``created_before`` (exclusive).
     """
-    queryset = runs().filter(**filters).order_by("-created_at", "-id")
-    if payload_bytes is not None:
-        queryset = queryset.defer(*PAYLOAD)
-    search = search.strip()
-    if search:
-        try:
-            queryset = queryset.filter(Q(pk=uuid.UUID(search)) | Q(thread_id=search))
-        except ValueError:
-            queryset = queryset.filter(thread_id=search)
-    if cursor:
-        created_at, run_id = decode_cursor(cursor)
-        # (created_at, id) < (cursor): the first condition alone is what lets the index
-        # scan start at the cursor instead of skipping every newer run to reach it.
-        queryset = queryset.filter(created_at__lte=created_at).filter(
-            Q(created_at__lt=created_at) | Q(id__lt=run_id)
-        )
-    page = list(queryset[: limit + 1])
-    more = len(page) > limit
-    page = page[:limit]
+    condition = Q()
+    for name, value in (("state", state), ("end_cause", end_cause), ("agent", agent),
+                        ("thread_id", thread_id), ("parent_id", parent_id)):
+        if value is not None:
+            condition &= Q(**{name: value})
+    if status:
+        states = [value for value in status if value in RunState.values]
+        causes = [value for value in status if value in EndCause.values]
+        unknown = sorted(set(status) - set(states) - set(causes))
+        if unknown:
+            raise InvalidRequest(f"Unknown status {unknown[0]!r}: give states or end causes.",
+                                 field="status")
+        condition &= Q(state__in=states) | Q(end_cause__in=causes)
+    if id_prefix is not None:
+        bounds = id_range(id_prefix)
+        if bounds is None:
+            raise InvalidRequest("id_prefix must be 1 to 32 hex digits.", field="id_prefix")
+        condition &= Q(pk__range=bounds)
+    if q is not None and q.strip():
+        text = q.strip()
+        found = Q(thread_id=text) | Q(agent=text)
+        bounds = id_range(text)
+        if bounds is not None:
+            found |= Q(pk__range=bounds)
+        condition &= found
+    if error is not None:
+        condition &= Q(end_cause=EndCause.FAILED, error__icontains=error)
+    if created_after is not None:
+        condition &= Q(created_at__gte=created_after)
+    if created_before is not None:
+        condition &= Q(created_at__lt=created_before)
+    return condition
+
+
+def run_list(*, filters: dict, search: str = "", cursor: str | None = None, limit: int = 50,
+             sort: str = "-created", payload_bytes: int | None = None):
+    """A page of runs matching ``filters`` (the arguments of ``matching``) and ``search``,
+    in the order ``sort`` (newest first by default). Returns ``(runs, next_cursor or
+    None)``.
+
+    Keyset pagination on (sort column, id): a page costs the same at any depth. A run with
+    no value in the column (not started, not ended) sorts after every value, as if it
+    started or ended in the future: last going up, first going down.
+
+    With ``payload_bytes``, a run whose input and output together take more than that many
+    bytes as stored comes without them (deferred: ``representation.run_data`` writes it
+    truncated), so a page of large runs is never loaded whole.
+    """
+    column, descending = sort_column(sort)
+    criteria = dict(filters)
+    if search.strip():
+        criteria["q"] = search
+    queryset = Run.objects.filter(matching(**criteria))
+    after = decode_cursor(cursor, sort) if cursor else None
+    # The page's ids first, from the index alone; then their runs with ticket and control.
+    # (Joined into the ordered read, the planner may join every match before it sorts.)
+    ids: list = []
+    for segment in _segments(queryset, column, descending, after):
+        ids += segment.values_list("id", flat=True)[: limit + 1 - len(ids)]
+        if len(ids) > limit:
+            break
+    chosen = runs() if payload_bytes is None else runs().defer(*PAYLOAD)
+    found = chosen.in_bulk(ids[:limit])
+    page = [found[run_id] for run_id in ids[:limit]]
     if payload_bytes is not None and page:
         _load_payloads(page, payload_bytes)
-    return page, (encode_cursor(page[-1]) if more else None)
+    more = len(ids) > limit
+    return page, (encode_cursor(page[-1], sort) if more else None)
 
 
 class StoredBytes(Func):
@@ -111,16 +182,93 @@ def _load_payloads(page: list[Run], limit: int) -> None:
             run.input, run.output = loaded[run.pk]
 
 
-def encode_cursor(run: Run) -> str:
-    raw = f"{run.created_at.isoformat()}|{run.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+class Row(Func):
+    """A row value, ``(a, b)``: compared column by column, in the order of an index."""
+
+    template = "(%(expressions)s)"
+    output_field = Field()
 
 
-def decode_cursor(cursor: str):
+def sort_column(sort: str) -> tuple[str, bool]:
+    name = sort.removeprefix("-")
+    if name not in SORTS:
+        raise InvalidRequest(f"Unknown sort {sort!r}.", field="sort")
+    return SORTS[name], sort.startswith("-")
+
+
+def _segments(queryset, column: str, descending: bool, after):
+    """The querysets that make up the order, each read from one index range: the runs with
+    a value in ``column`` and, for a nullable column, those without one (after them going
+    up, before them going down). ``after`` is the cursor's (value, id): each segment starts
+    after it, or is skipped if the cursor has passed it."""
+    sign = "-" if descending else ""
+    before_or_after = "lt" if descending else "gt"
+    segments = []
+    values = queryset.order_by(f"{sign}{column}", f"{sign}id")
+    if column in NULLABLE:
+        values = values.filter(**{f"{column}__isnull": False})
+        nulls = queryset.filter(**{f"{column}__isnull": True}).order_by(f"{sign}id")
+    if after is None:
+        segments.append(values)
+    elif after[0] is not None:
+        value, run_id = after
+        # (column, id) beyond the cursor as one row comparison, which the index scan starts
+        # at: an OR of its parts would skip, one by one, every run that ties on the value.
+        edge = "lte" if descending else "gte"
+        beyond = LessThan if descending else GreaterThan
+        cursor = Row(Value(value, output_field=Run._meta.get_field(column)),
+                     Value(run_id, output_field=Run._meta.pk))
+        segments.append(values.filter(**{f"{column}__{edge}": value}).filter(
+            beyond(Row(F(column), F("id")), cursor)))
+    elif descending:  # the cursor is among the NULLs, which come first going down
+        segments.append(values)
+    if column not in NULLABLE:
+        return segments
+    if after is None or (after[0] is not None and not descending):
+        nulls_segment = nulls
+    elif after[0] is None:
+        nulls_segment = nulls.filter(**{f"id__{before_or_after}": after[1]})
+    else:  # going down, the NULLs came before the cursor's value
+        return segments
+    return [nulls_segment, *segments] if descending else [*segments, nulls_segment]
+
+
+def encode_cursor(run: Run, sort: str = "-created") -> str:
+    """The cursor of the page after ``run`` in the order ``sort``."""
+    column, _ = sort_column(sort)
+    value = getattr(run, column)
+    if sort == "-created":  # the list's first format, still understood
+        raw = f"{value.isoformat()}|{run.id}"
+    else:
+        text = "" if value is None else repr(value) if isinstance(value, float) \
+            else value.isoformat()
+        raw = f"{sort}|{text}|{run.id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, sort: str = "-created"):
+    """The (value, id) a cursor of the order ``sort`` holds; InvalidRequest for anything
+    this API did not give out for that order."""
+    column, _ = sort_column(sort)
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created_at, run_id = raw.split("|")
-        return datetime.fromisoformat(created_at), uuid.UUID(run_id)
+        parts = raw.split("|")
+        if len(parts) == 2:
+            parts = ["-created", *parts]
+        given, text, run_id = parts
+        if given != sort:
+            raise ValueError(given)
+        if text == "" and column in NULLABLE:
+            value = None
+        elif column == "seconds_used":
+            value = float(text)
+            if not math.isfinite(value):
+                raise ValueError(text)
+        else:
+            value = datetime.fromisoformat(text)
+            if value.tzinfo is None:
+                raise ValueError(text)
+        return value, uuid.UUID(run_id)
     except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("The cursor is not one this API gave out.", field="cursor") from None
 

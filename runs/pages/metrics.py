@@ -9,14 +9,13 @@ counted by that process.
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
+from django.db.models import Count
 from django.utils import timezone
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from runs.models import AppliedVia, Attempt, CloseReason, ControlIntent, Run, WorkerProcess
-
-STOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+from runs.domain.overview import time_to_stop
+from runs.models import Attempt, CloseReason, ControlIntent, Run, WorkerProcess
 
 
 class DatabaseCollector:
@@ -61,21 +60,12 @@ class DatabaseCollector:
 
     def time_to_stop(self) -> HistogramMetricFamily:
         """Requested -> terminal state committed, by the path that committed it."""
-        took = ExpressionWrapper(F("applied_at") - F("requested_at"), output_field=DurationField())
-        buckets = {f"le_{i}": Count("pk", filter=Q(took__lte=timedelta(seconds=bound)))
-                   for i, bound in enumerate(STOP_BUCKETS)}
-        rows = (ControlIntent.objects.filter(applied_at__isnull=False).annotate(took=took)
-                .values("applied_via").annotate(total=Count("pk"), sum=Sum("took"), **buckets)
-                .order_by())
         family = HistogramMetricFamily(
             "awaken_time_to_stop_seconds",
             "From a cancel or stop request to the committed terminal state, by path "
             "(live attempt, durable path, sweeper).", labels=["path"])
-        for row in rows:
-            cumulative = [(str(bound), row[f"le_{i}"]) for i, bound in enumerate(STOP_BUCKETS)]
-            cumulative.append(("+Inf", row["total"]))
-            total = row["sum"].total_seconds() if row["sum"] is not None else 0.0
-            family.add_metric([row["applied_via"] or AppliedVia.LIVE], cumulative, total)
+        for row in time_to_stop():
+            family.add_metric([row["path"]], row["buckets"], row["sum"])
         return family
 
 

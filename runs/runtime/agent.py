@@ -119,17 +119,19 @@ class Context:
 
     # --- pauses ------------------------------------------------------------------------
 
-    async def wait_for_input(self, *, reason: str = "input", prompt: Any = None):
+    async def wait_for_input(self, *, reason: str = "input", prompt: Any = None,
+                             schema: dict | None = None):
         """Pause the run until someone resumes it with input; returns that input.
 
         The first call after a resume for the same reason returns the resume input; otherwise
-        the run moves to ``awaiting`` with a ticket, and the attempt ends (Paused).
+        the run moves to ``awaiting`` with a ticket, and the attempt ends (Paused). With a
+        ``schema`` (a JSON Schema), a resume whose input does not satisfy it is refused.
         """
         if self._resume is not None and self._resume[0] == reason:
             _, value = self._resume
             self._resume = None
             return value
-        await self._host.pause(self, reason=reason, prompt=prompt)
+        await self._host.pause(self, reason=reason, prompt=prompt, schema=schema)
         raise Paused()
 
     # --- children ------------------------------------------------------------------------

@@ -203,10 +203,11 @@ class Executor:
             raise
         ctx.usage = {"steps": run.steps, "tokens": run.tokens}
 
-    async def pause(self, ctx: Context, *, reason: str, prompt) -> None:
+    async def pause(self, ctx: Context, *, reason: str, prompt, schema=None) -> None:
         ticket = await self.db(domain.attempt_pause, run_id=ctx.run_id,
                                generation=ctx.generation, reason=reason, prompt=prompt,
-                               agent_state=ctx.state, actor=ctx.entry.pause_actor)
+                               schema=schema, agent_state=ctx.state,
+                               actor=ctx.entry.pause_actor)
         why = ctx.token.why
         if ticket is not None and why is not None and why.kind == "command":
             # A live-only cancel (no intent) taken while the pause committed: the run is

@@ -24,6 +24,7 @@ from runs.domain.errors import NotActive
 log = logging.getLogger(__name__)
 
 EXECUTE = "runs.execute"  # the worker side's task (runs.tasks.execute), sent by name
+BULK = "runs.bulk"  # the task that carries out a bulk job (runs.tasks.bulk)
 DELIVER = "awaken_deliver"  # the worker side's remote-control command (runs.wire.worker_side)
 
 NOT_ACTIVE = Counter("awaken_not_active", "Live commands this process sent that were answered "
@@ -138,6 +139,20 @@ def send_runs(*, runs) -> None:
     except Exception:
         log.warning("dispatch of %d run(s) failed; the sweeper sends them again", len(runs),
                     exc_info=True)
+
+
+def bulk_queued(*, job_id) -> None:
+    """Hand a bulk job to a worker, from the courier. A message that is not sent is sent
+    again by the sweeper, which watches the jobs that make no progress."""
+    if courier().post(send_bulk, job_id=str(job_id)) is None:
+        log.warning("courier full: bulk job %s left for the sweeper", job_id)
+
+
+def send_bulk(*, job_id: str) -> None:
+    try:
+        current_app.send_task(BULK, args=[job_id])
+    except Exception:
+        log.warning("bulk job %s not sent; the sweeper sends it again", job_id, exc_info=True)
 
 
 # --- live commands ----------------------------------------------------------------------------

@@ -315,8 +315,8 @@ class Command(BaseCommand):
         return rows
 
     def list_latency(self, target: int, requests: int = 300) -> list:
-        """GET /api/runs/ with ``target`` runs in the database: the newest page, a filtered
-        page and a page half-way down the list (keyset cursor)."""
+        """GET /api/runs/ with ``target`` runs in the database: the newest page, filtered
+        pages, pages of other orders and pages half-way down (keyset cursor)."""
         missing = target - Run.objects.count()
         if missing > 0:
             self.stdout.write(f"importing {missing} runs for the list benchmark...")
@@ -325,7 +325,12 @@ class Command(BaseCommand):
         paths = {"newest page": "/api/runs/?limit=50",
                  "state=ended page": "/api/runs/?state=ended&limit=50",
                  "page half-way down": f"/api/runs/?limit=50&cursor="
-                                       f"{selectors.encode_cursor(middle)}"}
+                                       f"{selectors.encode_cursor(middle)}",
+                 "sort=-ended page": "/api/runs/?sort=-ended&limit=50",
+                 "sort=duration, half-way down": f"/api/runs/?sort=duration&limit=50&cursor="
+                                                 f"{selectors.encode_cursor(middle, 'duration')}",
+                 "status=running,failed page": "/api/runs/?status=running,failed&limit=50",
+                 "search by short id": f"/api/runs/?q={str(middle.id)[:8]}&limit=50"}
         rows = []
         with self.system(workers=0) as (web, _):
             client = Client(web.port, self.token)

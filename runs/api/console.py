@@ -1,0 +1,99 @@
+"""The operations console's calls: run a run again, and the overview's figures."""
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from runs import domain
+from runs.api import serializers as s
+from runs.api.permissions import IsOperator
+from runs.api.views import ERRORS, query, source, validated
+from runs.domain import overview, selectors
+from runs.domain.errors import InvalidRequest
+from runs.domain.overview import MAX_WINDOW, MIN_WINDOW
+from runs.domain.representation import run_data
+from runs.models import AppliedVia
+
+
+class RunRerunView(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(
+        operation_id="runs_rerun", request=None,
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
+        responses={201: s.RunSerializer, 200: s.RunSerializer, **ERRORS})
+    def post(self, request, run_id):
+        """Run again: a new run with the same agent, input, budget and thread, whose
+        ``rerun_of`` names this one (201); replaying an Idempotency-Key returns it (200)."""
+        validated(s.NoBodySerializer, request)
+        key = request.headers.get("Idempotency-Key") or None
+        if key is not None and len(key) > 200:
+            raise InvalidRequest("Idempotency-Key is longer than 200 characters.")
+        run, created = domain.run_rerun(run_id=run_id, created_by=request.user,
+                                        idempotency_key=key, source=source(request))
+        if not created:
+            run = selectors.run_get(run.id)
+        return Response(run_data(run),
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class OverviewQuery(serializers.Serializer):
+    window = serializers.IntegerField(
+        required=False, default=3600, min_value=MIN_WINDOW, max_value=MAX_WINDOW,
+        help_text="Seconds to look back (60 to 86400): minutes up to three hours, coarser "
+                  "buckets beyond.")
+
+
+class StopPathSerializer(serializers.Serializer):
+    path = serializers.ChoiceField(choices=AppliedVia.values)
+    count = serializers.IntegerField()
+    sum = serializers.FloatField(help_text="Seconds, all requests of the path together.")
+    buckets = serializers.ListField(
+        child=serializers.ListField(child=serializers.JSONField(), min_length=2, max_length=2),
+        help_text='Cumulative counts by upper bound in seconds: [["0.005", n], ..., '
+                  '["+Inf", count]].')
+
+
+class PointSerializer(serializers.Serializer):
+    at = serializers.DateTimeField(help_text="Start of the bucket.")
+    started = serializers.IntegerField()
+    ended = serializers.IntegerField()
+
+
+class PercentilesSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text="Runs ended in the window.")
+    p50 = serializers.FloatField(allow_null=True)
+    p95 = serializers.FloatField(allow_null=True)
+    p99 = serializers.FloatField(allow_null=True)
+
+
+class OverviewSerializer(serializers.Serializer):
+    window = serializers.IntegerField()
+    bucket = serializers.IntegerField(help_text="Seconds per point of the series.")
+    since = serializers.DateTimeField(help_text="Start of the first bucket.")
+    until = serializers.DateTimeField()
+    runs = serializers.DictField(child=serializers.IntegerField(),
+                                 help_text="Live runs by state, now.")
+    ended = serializers.DictField(child=serializers.IntegerField(),
+                                  help_text="Runs ended in the window, by end cause.")
+    failure_rate = serializers.FloatField(
+        allow_null=True, help_text="Failed among the runs ended in the window (0 to 1).")
+    duration = PercentilesSerializer(
+        help_text="Running time (seconds) of the runs ended in the window.")
+    series = PointSerializer(many=True, help_text="Runs started and ended per bucket.")
+    time_to_stop = serializers.DictField(
+        child=StopPathSerializer(),
+        help_text="Requests applied in the window, by path: live, durable, sweeper.")
+    pending_intents = serializers.IntegerField(help_text="Cancel or stop requests not yet "
+                                                         "applied.")
+
+
+class OverviewView(APIView):
+    @extend_schema(operation_id="overview", parameters=[OverviewQuery],
+                   responses={200: OverviewSerializer, **ERRORS})
+    def get(self, request):
+        """The overview's charts: counts, runs started and ended over time, failure rate,
+        running time percentiles and time to stop, over the last ``window`` seconds."""
+        window = query(OverviewQuery, request)["window"]
+        return Response(OverviewSerializer(overview.overview(window=window)).data)
