@@ -35,6 +35,15 @@ GROUP = "runs"
 EVERY_RUN = None  # what the sockets of the whole list follow
 
 
+def publish_output(*, run_id, text: str) -> None:
+    """Send a live output message (``runs.runtime.output``) to the sockets of one run.
+
+    It is not a committed change: no seq, no run, nothing stored; only the sockets that
+    follow that one run get it, never the run list or a waiting call.
+    """
+    stream.publish([{"type": "run.output", "run_id": str(run_id), "text": text}])
+
+
 def announce(*, changes) -> None:
     """Announce committed ``(run, event)`` pairs, in the order given."""
     # ``run_id`` routes a change to the sockets of its run and lets a process skip decoding
@@ -261,6 +270,8 @@ class Stream:
                 continue
             if message.get("type") == "run.changed":
                 self._deliver(message)
+            elif message.get("type") == "run.output":
+                self._deliver_output(message)
 
     def _deliver(self, message: dict) -> None:  # on the loop
         text, run_id = message["text"], message.get("run_id")
@@ -277,6 +288,17 @@ class Stream:
             run = json.loads(text)["run"]
             for watch in watches:
                 watch.offer(run)
+
+
+    def _deliver_output(self, message: dict) -> None:  # on the loop
+        with self._lock:
+            outboxes = list(self._sockets.get(message.get("run_id"), ()))
+        by_loop: dict[asyncio.AbstractEventLoop, list[Outbox]] = {}
+        for outbox in outboxes:
+            by_loop.setdefault(outbox.loop, []).append(outbox)
+        for loop, group in by_loop.items():
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_put_each, group, message["text"])
 
 
 def _put_each(outboxes: list[Outbox], text: str) -> None:  # on the sockets' loop
