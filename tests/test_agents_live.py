@@ -14,7 +14,9 @@ import pytest
 from websockets.sync.client import connect
 
 from harness.processes import wait_until
-from tests.conftest import PROVIDER_KEY
+from runs import domain
+from runs.models import Event
+from tests.conftest import PROVIDER_KEY, client_for, make_user
 
 # What a cancel may take, request sent to connection closed at the stub, on a loaded
 # 2-core machine. Measured: about 15 ms (README, "cancel -> provider connection closed").
@@ -247,3 +249,27 @@ def test_an_installed_packages_agents_run_through_its_entry_point(agent_site):
         "summary": "You said: a package of its own"}
     answer = ended(agent_site, stats["id"])["output"]["answer"]
     assert answer.endswith("From the tools: 4 | count")
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_on_a_worker_process_a_cancel_mid_stream_closes_the_connection(spare_worker,
+                                                                       provider_stub):
+    """The production path: a ``celery worker`` on PostgreSQL, the cancel delivered by
+    Celery's remote control over Redis."""
+    worker = spare_worker(private=True, extra_env={
+        "AWAKEN_PROVIDER_BASE_URL": provider_stub.url, "AWAKEN_PROVIDER_API_KEY": PROVIDER_KEY})
+    model = "echo+hang=2+on-a-worker"
+    run, _ = domain.run_create(agent="demo.chat", input={"prompt": "hi", "model": model},
+                               dispatch=False)
+    worker.take(run.id)
+    call = provider_stub.stub.wait(lambda calls: next(
+        (c for c in calls if c.model == model and c.holding), None), what="a hanging stream")
+    api = client_for(make_user("olga", "operator"))
+    sent = time.monotonic()
+    response = api.post(f"/api/runs/{run.id}/cancel/", {}, format="json")
+    assert response.status_code == 200 and response.json()["end_cause"] == "cancelled"
+    provider_stub.stub.wait(lambda calls: call.disconnected, what="the connection to close")
+    assert call.disconnected - sent < CLOSE_BOUND and call.finished is None
+    assert list(Event.objects.filter(run_id=run.id).values_list("kind", flat=True)) == [
+        "created", "started", "cancel_requested", "ended"]

@@ -3,10 +3,14 @@ streaming, usage, tool calls, retries, timeouts, cancellation and secrets."""
 
 import asyncio
 import logging
+import os
+import sys
 import time
 
+import httpx
 import pytest
 
+from harness.processes import Process, free_port, wait_until
 from runs.providers.client import ChatClient, ProviderConfig, ProviderError
 from runs.providers.stub import Behaviour
 
@@ -178,9 +182,32 @@ def test_the_stub_reads_its_behaviour_from_the_model_name(model, expected):
 
 
 def test_the_stub_refuses_a_malformed_request(stub_server):
-    import httpx
-
     response = httpx.post(f"{stub_server.url}/chat/completions", content=b"{not json",
                           timeout=5)
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_request"
+
+
+def test_the_provider_stub_command_serves_the_stub_alone():
+    port = free_port()
+    with Process([sys.executable, "manage.py", "provider_stub", "--port", str(port),
+                  "--pace", "0"], name="provider-stub", env=dict(os.environ)) as process:
+        url = f"http://127.0.0.1:{port}/v1"
+
+        def answers():
+            try:
+                return httpx.get(f"{url}/models", timeout=1).status_code == 200
+            except httpx.TransportError:
+                return not process.running() and "exited"
+
+        assert wait_until(answers, 30, "the stub to serve") is True, process.output()
+        client = ChatClient(ProviderConfig(base_url=url, model="canned"))
+        reply = asyncio.run(_once(client, [{"role": "user", "content": "Hello!"}]))
+    assert reply.content == "Hello! I am the provider stub of awaken-site, answering offline."
+
+
+async def _once(client, messages):
+    try:
+        return await client.chat(messages)
+    finally:
+        await client.aclose()
