@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from contextlib import ExitStack
+from datetime import datetime
 
 import pytest
 from websockets.sync.client import connect
@@ -120,9 +121,12 @@ def test_a_chat_streams_to_the_runs_socket_and_commits_only_its_answer(agent_sit
         assert message["offset"] == len(text) and "seq" not in message and "run" not in message
         text += message["delta"]
     assert text == reply["content"]
-    # Throttled: at most ten pushes a second of streaming (the stub's clock), plus the end.
-    streaming = call.finished - call.first_chunk
-    assert 2 <= len(pushed) <= streaming * 10 + 2, (len(pushed), streaming)
+    # Throttled: a tenth of a second at least between two pushes (the end of the text goes
+    # at once), all of them after the first chunk left the stub and before the step
+    # committed. On the wall clock, the stub's being this process's monotonic one.
+    first_chunk = call.first_chunk + (time.time() - time.monotonic())
+    window = datetime.fromisoformat(step["at"]).timestamp() - first_chunk
+    assert 2 <= len(pushed) <= window * 10 + 2, (len(pushed), window)
     # On the run's socket the text comes first, then the committed step that holds it.
     order = [m["event"]["kind"] if m["type"] == "run.changed" else m["type"]
              for m in messages if m["type"] != "snapshot"]

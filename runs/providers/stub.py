@@ -102,13 +102,18 @@ class Stub:
         self.pace = pace
         self.canned = {**DEFAULT_CANNED_REPLIES, **(canned or {})}
         self.default = default
-        self.calls: deque[Call] = deque(maxlen=10_000)
+        self._calls: deque[Call] = deque(maxlen=10_000)
         self._numbers = iter(range(1, 1 << 62))
         self._tries: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._release: asyncio.Event | None = None
 
     # --- for tests and benchmarks, from any thread -------------------------------------------
+
+    @property
+    def calls(self) -> list[Call]:
+        """The calls so far (the last 10,000), oldest first: a copy, safe from any thread."""
+        return list(self._calls)
 
     def release(self) -> None:
         """Let every hanging answer go on (with late chunks)."""
@@ -121,7 +126,7 @@ class Stub:
         """Poll ``condition(calls)`` until it returns something truthy, and return that."""
         deadline = time.monotonic() + timeout
         while True:
-            found = condition(list(self.calls))
+            found = condition(self.calls)
             if found:
                 return found
             if time.monotonic() > deadline:
@@ -171,7 +176,7 @@ class Stub:
         behaviour = Behaviour.of(model)
         stream = bool(body.get("stream"))
         call = Call(next(self._numbers), model, stream, authorized=bool(key))
-        self.calls.append(call)
+        self._calls.append(call)
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
 
