@@ -162,9 +162,10 @@ def test_a_runs_page_streams_the_answer_and_drops_it_on_cancel(operator_page, em
     words = DEFAULT_CANNED.split()
     streamed = " ".join(words[i % len(words)] for i in range(400))
     assert shown and shown.removeprefix("… ") in streamed  # "… ": joined mid-stream
-    operator_page.wait_for_function(  # it grows as the stream goes on
-        "n => document.querySelector('#live-output pre').textContent.length > n",
+    operator_page.wait_for_function(  # it grows as the stream goes on, in one piece
+        "n => document.querySelector('#live-output pre').textContent.length > n + 40",
         arg=len(shown))
+    assert operator_page.text_content("#live-output pre").removeprefix("… ") in streamed
     operator_page.click(f'tr.run[data-run-id="{run["id"]}"] [data-action="cancel"]')
     operator_page.wait_for_selector('.timeline li[data-kind="ended"]')
     operator_page.wait_for_selector("#live-output", state="hidden")

@@ -239,12 +239,26 @@ function liveOutput(box) {
   let ended = box.dataset.state === "ended";
   let generation = 0;
   let call = 0;
-  let shown = "";
+  let base = 0;  // where the text held starts in the call's text (> 0: joined mid-stream)
+  let held = "";
   const clear = () => {
-    shown = "";
+    base = 0;
+    held = "";
     text.textContent = "";
     box.hidden = true;
   };
+
+  // Put `delta` at `offset` of the call's text; a hole (a lost push, a late join) starts
+  // the text held over from there.
+  function place(offset, delta) {
+    if (offset < base || offset - base > held.length) {
+      base = offset;
+      held = "";
+    }
+    held = held.slice(0, offset - base) + delta;
+    text.textContent = (base > 0 ? "… " : "") + held;
+    box.hidden = false;
+  }
 
   function follow(run, event) {
     generation = Math.max(generation, run.generation);
@@ -265,12 +279,9 @@ function liveOutput(box) {
         generation = message.generation;
         if (message.call !== call) {
           call = message.call;
-          shown = "";
+          clear();
         }
-        const kept = shown.slice(0, message.offset);
-        shown = (kept.length < message.offset ? `${kept}… ` : kept) + message.delta;
-        text.textContent = shown;
-        box.hidden = false;
+        place(message.offset, message.delta);
       }
       if (ended) socket.close();
     };
