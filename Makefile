@@ -30,7 +30,7 @@ run: $(STAMP) var/secret_key
 ## Lint, check the import layers, then run the whole test suite (SQLite by default; DATABASE_URL=postgres://... for
 ## PostgreSQL, REDIS_URL=redis://... for the tests of real workers and the Redis layer).
 test: $(STAMP)
-	$(BIN)/ruff check runs awaken_site harness tests
+	$(BIN)/ruff check runs awaken_site harness tests examples
 	$(BIN)/lint-imports
 	$(BIN)/pytest
 
@@ -40,7 +40,7 @@ clean:
 ## Lint with ruff, and check the layers and cycles of the imports (both configured in
 ## pyproject.toml).
 lint: $(STAMP)
-	$(BIN)/ruff check runs awaken_site harness tests
+	$(BIN)/ruff check runs awaken_site harness tests examples
 	$(BIN)/lint-imports
 
 ## Redraw docs/operator-page.png, the README's picture of the operator page, with Debian's

@@ -381,9 +381,14 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.getenv("LOG_LEVEL", "INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"},
-                # Axes logs each failed login at WARNING, and its bookkeeping at INFO.
-                "axes": {"level": "WARNING"}},
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        # Axes logs each failed login at WARNING, and its bookkeeping at INFO.
+        "axes": {"level": "WARNING"},
+        # Their INFO and DEBUG lines name the provider's address: kept out of the logs.
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
+    },
 }
 
 # Live attempts one worker process holds at most, and its database threads.
@@ -401,6 +406,33 @@ AWAKEN_COURIER_THREADS = envnumber("AWAKEN_COURIER_THREADS", "4", minimum=1)
 AWAKEN_COURIER_BACKLOG = envnumber("AWAKEN_COURIER_BACKLOG", "500", minimum=0)
 # How long a health probe waits for the broker and for the workers' ping answers.
 AWAKEN_BROKER_TIMEOUT = envnumber("AWAKEN_BROKER_TIMEOUT", "0.5", kind=float, minimum=0.05)
+
+# --- Agents and the model provider ------------------------------------------------------
+
+# Modules imported at start-up for the agents they register, besides the built-in demo
+# agents and those of installed packages' ``awaken.agents`` entry points.
+AWAKEN_AGENTS = envlist("AWAKEN_AGENTS", "")
+
+
+def _provider_url() -> str:
+    url = (os.getenv("AWAKEN_PROVIDER_BASE_URL") or os.getenv("OPENAI_BASE_URL") or "").strip()
+    if url and not url.startswith(("http://", "https://")):
+        raise ImproperlyConfigured("AWAKEN_PROVIDER_BASE_URL must be an http:// or https:// "
+                                   "URL (the part before /chat/completions).")
+    return url
+
+
+# An OpenAI-compatible chat completions API. With no base URL, `manage.py serve` (make run)
+# starts the provider stub and points this at it.
+AWAKEN_PROVIDER_BASE_URL = _provider_url()
+AWAKEN_PROVIDER_API_KEY = os.getenv("AWAKEN_PROVIDER_API_KEY") or os.getenv("OPENAI_API_KEY", "")
+AWAKEN_PROVIDER_MODEL = os.getenv("AWAKEN_PROVIDER_MODEL", "")
+# Seconds one try of a model call may take, first byte to last chunk; tries after the first.
+AWAKEN_PROVIDER_TIMEOUT = envnumber("AWAKEN_PROVIDER_TIMEOUT", "120", kind=float, minimum=0.1)
+AWAKEN_PROVIDER_MAX_RETRIES = envnumber("AWAKEN_PROVIDER_MAX_RETRIES", "3", minimum=0)
+# Pushes of streamed model output to a run's page per second (0: none).
+AWAKEN_LIVE_OUTPUT_PER_SECOND = envnumber("AWAKEN_LIVE_OUTPUT_PER_SECOND", "10", kind=float,
+                                          minimum=0)
 
 CELERY_TASK_DEFAULT_QUEUE = os.getenv("AWAKEN_QUEUE", "awaken")
 CELERY_BEAT_SCHEDULE = {

@@ -377,20 +377,29 @@ class Web(Site):
         return self.health().get("db") == "ok"
 
 
+# What the embedded site must not inherit from this process: it runs on its defaults.
+UNCONFIGURED = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "AWAKEN_QUEUE",
+                "DJANGO_SETTINGS_MODULE", "AWAKEN_AGENTS", "AWAKEN_PROVIDER_BASE_URL",
+                "AWAKEN_PROVIDER_API_KEY", "AWAKEN_PROVIDER_MODEL", "OPENAI_BASE_URL",
+                "OPENAI_API_KEY")
+
+
 class EmbeddedSite(Site):
     """``manage.py serve`` as ``make run`` starts it, under ``var_dir``: web, worker and
     sweeper in one process, on SQLite, the in-memory broker and the in-memory layer.
 
-    It ignores the configuration of this process (database, broker, queue, settings).
-    Ready, it knows the password of the operator its first start created, and a token.
+    It ignores the configuration of this process (database, broker, queue, settings, agents,
+    model provider). Ready, it knows the password of the operator its first start created,
+    and a token.
     """
 
-    def __init__(self, var_dir: Path):
+    def __init__(self, var_dir: Path, extra_env: dict | None = None):
+        """``extra_env``: variables on top (a model provider, the agents to load...)."""
         self.var = Path(var_dir)
         self.env = {key: value for key, value in os.environ.items()
-                    if key not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL",
-                                   "AWAKEN_QUEUE", "DJANGO_SETTINGS_MODULE")}
-        self.env.update(AWAKEN_VAR_DIR=str(self.var), SECRET_KEY="embedded-test", DEBUG="0")
+                    if key not in UNCONFIGURED}
+        self.env.update(AWAKEN_VAR_DIR=str(self.var), SECRET_KEY="embedded-test", DEBUG="0",
+                        **(extra_env or {}))
         self.manage("migrate", "--no-input")
         self.manage("collectstatic", "--no-input")  # as make run does
         self.admin_password: str | None = None

@@ -1,10 +1,19 @@
 """The project wiring of the ``runs`` app: what Django runs once every model is loaded.
 
 It plugs the adapters into the domain's ports (``runs.domain.ports``) and loads the agents
-into the catalogue, in every process alike (web, worker, beat, commands, tests).
+into the catalogue, in every process alike (web, worker, beat, commands, tests): the
+built-in demo agents, the modules of ``AWAKEN_AGENTS``, then the ``awaken.agents`` entry
+points of the installed packages.
 """
 
+from importlib import import_module
+from importlib.metadata import entry_points
+
 from django.apps import AppConfig
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+ENTRY_POINT_GROUP = "awaken.agents"
 
 
 class RunsConfig(AppConfig):
@@ -20,3 +29,30 @@ class RunsConfig(AppConfig):
         from runs.wire import web_side
 
         ports.connect(workers=web_side, changes=changes)
+        load_agents(settings.AWAKEN_AGENTS)
+
+
+def load_agents(modules, group: str = ENTRY_POINT_GROUP) -> None:
+    """Import the agents of ``modules`` (names, or one comma-separated string), then those
+    of every entry point of ``group``. An entry point names a module, whose agents register
+    themselves when imported (``module``), or one agent class (``module:Class``), registered
+    here. Anything that cannot be loaded stops the start-up with the reason."""
+    from runs.domain.catalogue import register
+
+    if isinstance(modules, str):
+        modules = [name.strip() for name in modules.split(",") if name.strip()]
+    for name in modules:
+        try:
+            import_module(name)
+        except Exception as error:
+            raise ImproperlyConfigured(f"AWAKEN_AGENTS names {name!r}, which cannot be "
+                                       f"imported: {type(error).__name__}: {error}") from error
+    for point in entry_points(group=group):
+        try:
+            loaded = point.load()
+            if isinstance(loaded, type):
+                register(loaded)
+        except Exception as error:
+            raise ImproperlyConfigured(f"The {group} entry point {point.name!r} "
+                                       f"({point.value}) cannot be loaded: "
+                                       f"{type(error).__name__}: {error}") from error

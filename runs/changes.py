@@ -36,6 +36,15 @@ GROUP = "runs"
 EVERY_RUN = None  # what the sockets of the whole list follow
 
 
+def publish_output(*, run_id, text: str) -> None:
+    """Send a live output message (``runs.runtime.output``) to the sockets of one run.
+
+    It is not a committed change: no seq, no run, nothing stored; only the sockets that
+    follow that one run get it, never the run list or a waiting call.
+    """
+    stream.publish([{"type": "run.output", "run_id": str(run_id), "text": text}])
+
+
 def announce(*, changes) -> None:
     """Announce committed ``(run, event)`` pairs, in the order given."""
     # ``run_id`` routes a change to the sockets of its run and lets a process skip decoding
@@ -302,10 +311,15 @@ class Stream:
                 channel, renewed = None, None
                 await asyncio.sleep(1)
                 continue
-            if message.get("type") == "run.changed":
-                self._deliver(message)
-            elif message.get("type") == "bulk.changed":
-                self._deliver_to_list(message["text"])
+            try:
+                if message.get("type") == "run.changed":
+                    self._deliver(message)
+                elif message.get("type") == "bulk.changed":
+                    self._deliver_to_list(message["text"])
+                elif message.get("type") == "run.output":
+                    self._deliver_output(message)
+            except Exception:  # one bad message never ends the subscription
+                log.exception("a %s message could not be handed over", message.get("type"))
 
     def _deliver(self, message: dict) -> None:  # on the loop
         text, run_id = message["text"], message.get("run_id")
@@ -323,6 +337,12 @@ class Stream:
         with self._lock:
             outboxes = list(self._sockets.get(EVERY_RUN, ()))
         _hand_over(outboxes, text)
+
+    def _deliver_output(self, message: dict) -> None:  # on the loop
+        """Hand a live output message to the sockets that follow its one run."""
+        with self._lock:
+            outboxes = list(self._sockets.get(message.get("run_id"), ()))
+        _hand_over(outboxes, message["text"])
 
 
 def _hand_over(outboxes: list[Outbox], text: str) -> None:

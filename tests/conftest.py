@@ -1,4 +1,8 @@
+import shutil
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -7,9 +11,10 @@ from django.db import connections
 from django.test import Client
 from rest_framework.test import APIClient
 
-from harness.processes import EmbeddedSite, Processes, Worker
+from harness.processes import ROOT, EmbeddedSite, Processes, Worker
 from runs.domain.keys import api_key_issue, key_digest
 from runs.models import ApiKey, Attempt, ControlIntent, Event, ResumeTicket, Run
+from runs.providers.stub import StubServer
 
 ON_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
 
@@ -190,4 +195,45 @@ def spare_worker(django_db_blocker):
 def embedded_site(tmp_path_factory):
     """One ``manage.py serve`` for the session: SQLite, in-memory broker and layer."""
     with EmbeddedSite(tmp_path_factory.mktemp("embedded")) as site:
+        yield site.wait_ready(40)
+
+
+@pytest.fixture
+def stub_server():
+    """A provider stub of the test's own, served on a free local port."""
+    with StubServer() as server:
+        yield server
+
+
+# The API key of the tests' provider: it must never show in a log, an event or an error.
+PROVIDER_KEY = "sk-tests-a1b2c3d4e5f6g7h8"
+
+
+@pytest.fixture(scope="session")
+def provider_stub():
+    """The provider stub of the session's agent site."""
+    with StubServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def example_package(tmp_path_factory) -> Path:
+    """The example agent package of ``examples/``, installed by pip into a folder of its
+    own, as a user installs a package: with its ``awaken.agents`` entry point."""
+    source = tmp_path_factory.mktemp("example-source") / "package"
+    shutil.copytree(ROOT / "examples" / "awaken-example-agents", source)
+    target = tmp_path_factory.mktemp("example-installed")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--target", str(target), str(source)],
+                   check=True, capture_output=True, timeout=300)
+    return target
+
+
+@pytest.fixture(scope="session")
+def agent_site(tmp_path_factory, provider_stub, example_package):
+    """``manage.py serve`` whose agents call this session's provider stub with an API key,
+    and which finds the example package by its entry point (nothing names it)."""
+    env = {"AWAKEN_PROVIDER_BASE_URL": provider_stub.url, "AWAKEN_PROVIDER_MODEL": "echo",
+           "AWAKEN_PROVIDER_API_KEY": PROVIDER_KEY, "PYTHONPATH": str(example_package)}
+    with EmbeddedSite(tmp_path_factory.mktemp("agents"), extra_env=env) as site:
         yield site.wait_ready(40)

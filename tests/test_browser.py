@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from harness.processes import ROOT
+from runs.providers.stub import DEFAULT_CANNED
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -150,6 +151,36 @@ def test_stop_on_a_runs_page_asks_for_a_reason(operator_page, embedded_site):
     operator_page.click('[data-action="confirm-stop"]')
     operator_page.wait_for_selector(f'{row}[data-end-cause="stopped"]')
     assert operator_page.text_content(f'{row} [data-field="reason"]') == "seen enough"
+
+
+def test_a_runs_page_streams_the_answer_and_drops_it_on_cancel(operator_page, embedded_site):
+    _, run = embedded_site.call("POST", "/api/runs/", {"agent": "demo.chat", "input": {
+        "prompt": "Tell me more", "model": "canned+words=400"}})  # the stub: 16 s of text
+    operator_page.goto(f"{embedded_site.base}/runs/{run['id']}/")
+    operator_page.wait_for_selector("#live-output:not([hidden])")
+    shown = operator_page.text_content("#live-output pre")
+    words = DEFAULT_CANNED.split()
+    streamed = " ".join(words[i % len(words)] for i in range(400))
+    assert shown and shown.removeprefix("… ") in streamed  # "… ": joined mid-stream
+    operator_page.wait_for_function(  # it grows as the stream goes on, in one piece
+        "n => document.querySelector('#live-output pre').textContent.length > n + 40",
+        arg=len(shown))
+    assert operator_page.text_content("#live-output pre").removeprefix("… ") in streamed
+    operator_page.click(f'tr.run[data-run-id="{run["id"]}"] [data-action="cancel"]')
+    operator_page.wait_for_selector('.timeline li[data-kind="ended"]')
+    operator_page.wait_for_selector("#live-output", state="hidden")
+    assert operator_page.text_content("#live-output pre") == ""
+    assert operator_page.query_selector('.timeline li[data-kind="step"]') is None
+
+
+def test_a_runs_page_shows_each_steps_committed_answer(operator_page, embedded_site):
+    _, run = embedded_site.call("POST", "/api/runs/", {"agent": "demo.chat", "input": {
+        "prompts": ["Hello!"]}})
+    operator_page.goto(f"{embedded_site.base}/runs/{run['id']}/")
+    operator_page.wait_for_selector('.timeline li[data-kind="ended"]')
+    assert operator_page.text_content('.timeline li[data-kind="step"] .message') == (
+        "Hello! I am the provider stub of awaken-site, answering offline.")
+    assert operator_page.is_hidden("#live-output")
 
 
 def test_the_screenshot_command_draws_the_operator_page(tmp_path):

@@ -41,3 +41,19 @@ def test_a_bulk_job_runs_on_the_in_process_worker(embedded_site):
     for run_id in ids:
         run = embedded_site.call("GET", f"/api/runs/{run_id}/")[1]
         assert (run["end_cause"], run["stop_reason"]) == ("stopped", "not needed")
+
+
+def test_the_demo_agents_answer_offline_from_the_provider_stub(embedded_site):
+    assert "No model provider configured: the provider stub answers at" in embedded_site.log()
+    _, chat = embedded_site.call("POST", "/api/runs/", {
+        "agent": "demo.chat", "input": {"prompts": ["Hello!"]}})
+    _, research = embedded_site.call("POST", "/api/runs/", {
+        "agent": "demo.research", "input": {"question": "budget tokens"}})
+    ends = [wait_until(lambda run=run: (lambda r: r if r["state"] == "ended" else None)(
+        embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]), 30, "the end")
+        for run in (chat, research)]
+    assert [end["end_cause"] for end in ends] == ["completed", "completed"]
+    assert ends[0]["output"]["replies"] == [
+        "Hello! I am the provider stub of awaken-site, answering offline."]
+    assert "provider's own usage figures" in ends[1]["output"]["answer"]
+    assert ends[0]["usage"]["tokens"] > 0 and ends[1]["usage"]["steps"] == 2

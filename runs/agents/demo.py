@@ -1,9 +1,14 @@
-"""The built-in demo agents of API.md, each written against the agent interface."""
+"""The built-in demo agents of API.md, each written against the agent interface.
+
+``demo.chat`` and ``demo.research`` call the configured model provider (under ``make run``
+with nothing configured, the provider stub); the others simulate their inference.
+"""
 
 import asyncio
+import re
 import threading
 
-from runs.runtime.agent import Agent, Context, register
+from runs.runtime.agent import Agent, Context, register, tool
 
 # Blocking demo tools wait on this; nothing sets it in production (tests release their
 # abandoned threads with it).
@@ -158,3 +163,85 @@ class Inbox(Agent):
                 if message is not None:
                     messages.append(message)
         return {"messages": messages}
+
+
+@register
+class Chat(Agent):
+    """A chat with the model: one step per prompt, each answer streamed to the run's page.
+
+    Input: ``prompts`` (a list) or ``prompt``, ``model`` (AWAKEN_PROVIDER_MODEL), ``system``.
+    """
+
+    name = "demo.chat"
+
+    async def run(self, ctx):
+        prompts = ctx.input.get("prompts") or [ctx.input.get("prompt") or "Hello!"]
+        if not isinstance(prompts, list):
+            raise ValueError("prompts must be a list of messages")
+        system = ctx.input.get("system") or "You are a concise, friendly assistant."
+        conversation = ctx.state.setdefault("conversation", [
+            {"role": "system", "content": str(system)}])
+        replies = ctx.state.setdefault("replies", [])
+        for prompt in prompts[len(replies):]:
+            async with ctx.step():
+                asked = [*conversation, {"role": "user", "content": str(prompt)}]
+                reply = await ctx.chat(asked, model=ctx.input.get("model"))
+                conversation[:] = [*asked, reply.message]
+                replies.append(reply.content)
+        return {"replies": replies}
+
+
+NOTES = {
+    "cancel": "A cancel is a durable intent first; the live signal cancels the attempt's "
+              "token, and every await of the attempt races that token.",
+    "provider": "A model call that is cancelled closes its HTTP connection at once, so the "
+                "provider stops generating; its partial answer is dropped.",
+    "lease": "A live attempt renews its lease every third of AWAKEN_LEASE_SECONDS; the "
+             "sweeper applies the pending intent of an attempt whose lease expired.",
+    "step": "Each step is a checkpoint: it commits the agent's state, and a later attempt "
+            "continues from the last committed step.",
+    "budget": "Budgets of steps, seconds and tokens stop a run with a machine-readable code; "
+              "tokens are the provider's own usage figures.",
+}
+
+
+def research_tools(tool_seconds: float) -> list:
+    """The tools of ``demo.research``; the search blocks ``tool_seconds`` first (a slow,
+    blocking tool, abandoned if the run is cancelled meanwhile)."""
+
+    @tool
+    def search_notes(query: str) -> str:
+        """Search the awaken-site notes; returns the passages that best match the query."""
+        if tool_seconds > 0:
+            RELEASE_BLOCKED_TOOLS.wait(tool_seconds)
+        words = set(re.findall(r"\w+", query.lower()))
+        ranked = sorted(NOTES.items(), key=lambda item: -len(
+            words & set(re.findall(r"\w+", f"{item[0]} {item[1]}".lower()))))
+        return " ".join(text for _, text in ranked[:2])
+
+    @tool
+    def count_words(text: str) -> int:
+        """Count the words of a text."""
+        return len(text.split())
+
+    return [search_notes, count_words]
+
+
+@register
+class Research(Agent):
+    """Answers a question with tools: the model asks for a search of the notes and a word
+    count, Python runs them, and their results go back to the model.
+
+    Input: ``question``, ``model`` (AWAKEN_PROVIDER_MODEL), ``tool_seconds`` (0).
+    """
+
+    name = "demo.research"
+
+    async def run(self, ctx):
+        question = ctx.input.get("question") or "How does a cancel stop a model call?"
+        answer = await ctx.converse(
+            [{"role": "system", "content": "Answer from the notes; search them first."},
+             {"role": "user", "content": str(question)}],
+            tools=research_tools(float(ctx.input.get("tool_seconds", 0))),
+            model=ctx.input.get("model"))
+        return {"answer": answer}

@@ -4,19 +4,27 @@ An agent is an async ``run(ctx)`` that returns the run's output. Its work is a s
 steps; each ``async with ctx.step():`` is a checkpoint committed with ``ctx.state``, and a
 later attempt (after a resume or a crash) starts ``run`` again with that state, so agents
 skip what their state says is done. Every wait goes through the context, which races it
-against the attempt's cancellation token.
+against the attempt's cancellation token: a model call (``chat``), a tool, a child, a sleep.
 """
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
+import json
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from runs.domain.catalogue import register
+from runs.providers.client import ProviderError, Reply, ToolCall
+from runs.runtime.output import LiveOutput
 from runs.runtime.token import CancellationToken, Why
+from runs.runtime.tools import Tool, Toolbox, as_tool, tool
 
-__all__ = ["Agent", "BudgetExceeded", "Context", "Interrupted", "Paused", "register"]
+__all__ = ["Agent", "BudgetExceeded", "Context", "Interrupted", "Paused", "ProviderError",
+           "Reply", "Tool", "register", "tool"]
+
+RECORDED_TEXT = 16_000  # characters of a reply or of tool arguments kept in a step's event
 
 
 class Interrupted(Exception):
@@ -61,17 +69,22 @@ class Context:
         self._resume = resume  # (ticket reason, resume input) when this attempt follows a resume
         self._host = host  # the executor's side: commits, pause signal, children, pools
         self._step_tokens = 0
+        self._step_data: dict = {}  # what the step's event records: replies, tool calls
+        self._output: LiveOutput | None = None
 
     # --- steps -----------------------------------------------------------------------
 
     @asynccontextmanager
     async def step(self):
-        """One step: checks cancel, pause and budgets before it starts; commits on exit."""
+        """One step: checks cancel, pause and budgets before it starts; commits on exit,
+        with the replies and tool calls it made in its event."""
         await self._host.before_step(self)
         self._step_tokens = 0
+        self._step_data = {}
         yield
         self._check()
-        await self._host.commit_step(self, tokens=self._step_tokens)
+        await self._host.commit_step(self, tokens=self._step_tokens,
+                                     data=self._step_data or None)
 
     # --- waits, each raced against the token --------------------------------------------
 
@@ -81,12 +94,117 @@ class Context:
         self._step_tokens += getattr(result, "tokens", None) or tokens
         return result
 
+    async def chat(self, messages: Iterable[dict], *, model: str | None = None,
+                   tools: Iterable | None = None, stream: bool = True,
+                   timeout: float | None = None, **params) -> Reply:
+        """Ask the model (an OpenAI-compatible provider, see ``runs.providers.client``).
+
+        Streamed, its text goes to the run's page as it arrives. The call races the token:
+        a cancel closes its connection at once and drops the partial answer. Its tokens,
+        as the provider counts them, go into the step's usage, and the answer into the
+        step's event when the step commits. ``tools``: functions, ``Tool``s or spec dicts.
+        """
+        self._check()
+        specs = [item if isinstance(item, dict) else as_tool(item).spec()
+                 for item in tools or ()]
+        live = self._live_output().open() if stream else None
+        call = self._host.provider.chat(
+            messages, model=model, tools=specs or None, stream=stream, timeout=timeout,
+            on_delta=live.write if live else None,
+            on_retry=(lambda tries, delay: live.restart()) if live else None, **params)
+        try:
+            reply = await self.race(call)
+        except BaseException:
+            if live is not None:
+                live.close(keep=False)
+            raise
+        if live is not None:
+            live.close(keep=True)
+        self._step_tokens += reply.tokens
+        self._step_data.setdefault("replies", []).append(_reply_record(reply))
+        return reply
+
+    async def converse(self, messages: Iterable[dict], *, tools: Iterable = (),
+                       model: str | None = None, key: str = "conversation",
+                       max_rounds: int = 10, **params) -> str:
+        """Chat until the model answers without asking for a tool; returns that answer.
+
+        Each round is a step: one model call, then the tools it asks for (run together,
+        each timed and recorded in the step's event), whose results go back to the model
+        in the next round. A tool that raises sends its error to the model instead. The
+        conversation is kept in ``ctx.state[key]``, so a later attempt goes on from the
+        last committed round; ``messages`` only starts it.
+        """
+        toolbox = Toolbox(tools)
+        conversation = list(self.state.get(key) or [dict(message) for message in messages])
+        rounds = 0
+        while not _answered(conversation):
+            if rounds >= max_rounds:
+                raise RuntimeError(f"The model still asked for tools after {max_rounds} "
+                                   "rounds.")
+            rounds += 1
+            async with self.step():
+                reply = await self.chat(conversation, model=model,
+                                        tools=toolbox.tools or None, **params)
+                results = await asyncio.gather(
+                    *(self._tool_call(toolbox, call) for call in reply.tool_calls),
+                    return_exceptions=True)
+                for result in results:
+                    if isinstance(result, BaseException):
+                        raise result
+                conversation = [*conversation, reply.message, *(
+                    {"role": "tool", "tool_call_id": call.id, "content": result}
+                    for call, result in zip(reply.tool_calls, results, strict=True))]
+                self.state[key] = conversation
+        return conversation[-1].get("content") or ""
+
     async def tool(self, fn: Callable, *args, **kwargs):
         """Call a tool: async ones are awaited, sync ones run in a thread; both are abandoned
-        if the attempt is cancelled first (a thread cannot be killed, only left behind)."""
-        if inspect.iscoroutinefunction(fn):
-            return await self.race(fn(*args, **kwargs))
-        return await self.race(self._host.run_sync_tool(fn, *args, **kwargs))
+        if the attempt is cancelled first (a thread cannot be killed, only left behind).
+        The call and its duration are recorded in the step's event."""
+        return await self._timed(fn, args, kwargs, name=getattr(fn, "__name__", str(fn)))
+
+    async def _timed(self, fn: Callable, args, kwargs, *, name: str, call_id=None):
+        record: dict = {"name": name, **({"call_id": call_id} if call_id else {})}
+        started = time.perf_counter()
+        try:
+            if inspect.iscoroutinefunction(fn):
+                result = await self.race(fn(*args, **kwargs))
+            else:
+                result = await self.race(self._host.run_sync_tool(fn, *args, **kwargs))
+        except Interrupted:
+            raise  # the step will not commit: nothing to record
+        except Exception as error:
+            record.update(ok=False, error=_capped(f"{type(error).__name__}: {error}", 500)[0])
+            raise
+        else:
+            record["ok"] = True
+            return result
+        finally:
+            if "ok" in record:
+                record["ms"] = round((time.perf_counter() - started) * 1000, 2)
+                self._step_data.setdefault("tools", []).append(record)
+
+    async def _tool_call(self, toolbox: Toolbox, call: ToolCall) -> str:
+        """Run one tool the model asked for; its result (or error) as the text to send."""
+        found = toolbox.get(call.name)
+        try:
+            if found is None:
+                raise LookupError(f"no tool is named {call.name!r}")
+            arguments = call.parsed()
+        except (LookupError, ValueError) as error:
+            self._step_data.setdefault("tools", []).append({
+                "name": call.name, "call_id": call.id, "ok": False, "ms": 0.0,
+                "error": _capped(str(error), 500)[0]})
+            return f"error: {error}"
+        try:
+            result = await self._timed(found.fn, (), arguments, name=found.name,
+                                       call_id=call.id)
+        except Interrupted:
+            raise
+        except Exception as error:
+            return f"error: {type(error).__name__}: {error}"
+        return result if isinstance(result, str) else json.dumps(result, default=str)
 
     async def race(self, awaitable: Awaitable):
         """The awaitable's result, or Interrupted as soon as the token is cancelled."""
@@ -148,4 +266,41 @@ class Context:
     def _check(self) -> None:
         if self.token.cancelled:
             raise Interrupted(self.token.why)
+
+    def _live_output(self) -> LiveOutput:
+        if self._output is None:
+            self._output = LiveOutput(run_id=self.run_id, generation=self.generation,
+                                      token=self.token, publish=self._host.publish_output,
+                                      per_second=self._host.output_per_second)
+        return self._output
+
+
+def _answered(conversation: list[dict]) -> bool:
+    last = conversation[-1] if conversation else {}
+    return last.get("role") == "assistant" and not last.get("tool_calls")
+
+
+def _capped(text: str, limit: int = RECORDED_TEXT) -> tuple[str, bool]:
+    return (text, False) if len(text) <= limit else (text[:limit], True)
+
+
+def _reply_record(reply: Reply) -> dict:
+    """A reply as its step's event records it: the final message and what it cost."""
+    content, cut = _capped(reply.content)
+    record: dict = {"model": reply.model, "content": content,
+                    "finish_reason": reply.finish_reason, "tries": reply.tries,
+                    "ms": round(reply.seconds * 1000, 2)}
+    if reply.usage is not None:
+        record["usage"] = {"prompt": reply.usage.prompt_tokens,
+                           "completion": reply.usage.completion_tokens}
+    if reply.tool_calls:
+        calls = []
+        for call in reply.tool_calls:
+            arguments, clipped = _capped(call.arguments)
+            cut = cut or clipped
+            calls.append({"id": call.id, "name": call.name, "arguments": arguments})
+        record["tool_calls"] = calls
+    if cut:
+        record["truncated"] = True
+    return record
 

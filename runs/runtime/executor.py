@@ -4,7 +4,8 @@ A Celery task claims a run (``start``) and hands the attempt to the loop; the at
 lives here, registered in the process's active-attempt registry, until it commits its end
 through the finish boundary. Database calls go to a small thread pool (each thread keeps
 its own connection), blocking tools to another. One renewal loop keeps every attempt's lease
-and picks up pending cancel or stop requests.
+and picks up pending cancel or stop requests. Model calls share one provider client, with
+its pool of connections, on the loop.
 """
 
 import asyncio
@@ -19,11 +20,12 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 
-from runs import domain
+from runs import changes, domain
 from runs.domain import selectors
 from runs.domain.catalogue import CATALOGUE
 from runs.domain.core import Ending
 from runs.domain.errors import Fenced
+from runs.providers.client import ChatClient, ProviderConfig
 from runs.runtime.agent import BudgetExceeded, Context, Interrupted, Paused
 from runs.runtime.registry import Entry, Registry
 from runs.runtime.token import CancellationToken, Why
@@ -51,6 +53,8 @@ class Executor:
                                       thread_name_prefix="awaken-db")
         self._tool_slots_size = tool_threads or TOOL_THREADS
         self._abandoned: set[asyncio.Future] = set()
+        self.output_per_second = settings.AWAKEN_LIVE_OUTPUT_PER_SECOND
+        self._provider: ChatClient | None = None
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._serve, name="awaken-executor", daemon=True)
         self._thread.start()
@@ -194,10 +198,11 @@ class Executor:
         if view.max_tokens is not None and ctx.usage["tokens"] >= view.max_tokens:
             raise BudgetExceeded("max_tokens", f"Token budget of {view.max_tokens} reached.")
 
-    async def commit_step(self, ctx: Context, *, tokens: int) -> None:
+    async def commit_step(self, ctx: Context, *, tokens: int, data: dict | None = None) -> None:
         try:
             run = await self.db(domain.attempt_step, run_id=ctx.run_id,
-                                generation=ctx.generation, tokens=tokens, agent_state=ctx.state)
+                                generation=ctx.generation, tokens=tokens, agent_state=ctx.state,
+                                data=data)
         except Fenced:
             ctx.token.cancel(Why("fenced"))
             raise
@@ -226,6 +231,19 @@ class Executor:
             if item is not None:
                 return item.message
             await ctx.race(entry.arrival())
+
+    @property
+    def provider(self) -> ChatClient:
+        """The model provider's client of this process, made on first use (on the loop) from
+        the settings of that moment, with a connection for every attempt it may hold."""
+        if self._provider is None:
+            self._provider = ChatClient(ProviderConfig.from_settings(),
+                                        max_connections=self.capacity)
+        return self._provider
+
+    def publish_output(self, run_id: str, text: str) -> None:
+        """Push a live output message of an attempt to the sockets of its run."""
+        changes.publish_output(run_id=run_id, text=text)
 
     async def run_sync_tool(self, fn, *args, **kwargs):
         """Run a blocking tool in a daemon thread, at most ``tool_threads`` at once.

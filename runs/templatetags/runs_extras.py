@@ -26,6 +26,20 @@ def event_note(event) -> str:
 
 
 @register.filter
+def step_message(event) -> str:
+    """What a step's model calls said and which tools it ran, as its event recorded them:
+    the committed answer a run's page shows once the streamed one is gone."""
+    data = event.data or {}
+    said = [reply.get("content") or "" for reply in data.get("replies") or ()]
+    tools = [f"{call.get('name')} ({call.get('ms', 0):.0f} ms"
+             f"{'' if call.get('ok') else ', failed'})" for call in data.get("tools") or ()]
+    text = "\n".join(part for part in said if part)
+    if tools:
+        text += ("\n" if text else "") + "tools: " + ", ".join(tools)
+    return text
+
+
+@register.filter
 def allows(run, action) -> bool:
     """Whether ``run``'s state allows ``action`` (``Run.allowed_actions``); with no run, as
     in the row template the page clones, nothing is allowed."""

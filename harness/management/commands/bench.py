@@ -32,6 +32,7 @@ from harness.processes import Processes, ProcessFailed, Web, Worker, wait_until
 from runs import domain
 from runs.domain import selectors, sql
 from runs.models import Event, EventKind, Run, RunState
+from runs.providers.stub import StubServer
 
 
 def percentiles(samples: list[float]) -> tuple[float, float, float]:
@@ -55,20 +56,23 @@ class Client:
 
 
 class Command(BaseCommand):
-    help = ("Benchmarks: live cancel latency (with Celery's revoke as a baseline), socket push "
-            "latency, lifecycle throughput, run-list latency at 100k runs and memory per live "
-            "attempt. With no argument, all of them in one table.")
+    help = ("Benchmarks: live cancel latency (with Celery's revoke as a baseline), cancel of a "
+            "streaming model call as the provider sees it, socket push latency, lifecycle "
+            "throughput, run-list latency at 100k runs and memory per live attempt. With no "
+            "argument, all of them in one table.")
 
     def add_arguments(self, parser):
         parser.add_argument("what", nargs="?", default="all",
-                            choices=["all", "cancel", "push", "lifecycle", "list", "memory",
-                                     "sql"])
+                            choices=["all", "cancel", "provider", "push", "lifecycle", "list",
+                                     "memory", "sql"])
         parser.add_argument("--live", default="1,100,500",
                             help="cancel: numbers of other live attempts on the worker.")
         parser.add_argument("--cancels", type=int, default=300, help="cancel: samples per level.")
         parser.add_argument("--batch", type=int, default=25,
                             help="cancel: runs started together, then cancelled one by one.")
         parser.add_argument("--no-baseline", action="store_true")
+        parser.add_argument("--provider-cancels", type=int, default=200,
+                            help="provider: cancels of streaming model calls measured.")
         parser.add_argument("--clients", default="1,1000",
                             help="push: numbers of connected socket clients.")
         parser.add_argument("--commits", type=int, default=200,
@@ -96,6 +100,7 @@ class Command(BaseCommand):
             "cancel": lambda: self.cancel([int(n) for n in options["live"].split(",")],
                                           options["cancels"], options["batch"],
                                           options["no_baseline"]),
+            "provider": lambda: self.provider(options["provider_cancels"]),
             "push": lambda: self.push([int(n) for n in options["clients"].split(",")],
                                       options["commits"]),
             "lifecycle": lambda: self.lifecycle(options["lifecycles"], options["workers"]),
@@ -112,12 +117,12 @@ class Command(BaseCommand):
         self.print_table(rows)
 
     @contextmanager
-    def system(self, workers: int = 1):
+    def system(self, workers: int = 1, extra_env: dict | None = None):
         """A web process and ``workers`` worker processes of the benchmark's own, on a queue
         of its own, with their logs in a temporary directory; yields the web process and
         the workers."""
         queue = f"awaken-bench-{uuid.uuid4().hex[:8]}"
-        env = {"AWAKEN_QUEUE": queue}
+        env = {"AWAKEN_QUEUE": queue, **(extra_env or {})}
         logs = Path(tempfile.mkdtemp(prefix="awaken-bench-"))
         with Processes() as processes:
             web = processes.add(Web(extra_env=env, log_dir=logs))
@@ -241,6 +246,35 @@ class Command(BaseCommand):
             else:
                 figures = f"{'':>6}{samples:>10.1f}{'':>18}"
             self.stdout.write(f"{key!s:>7}  {name:<{width}}{figures}  {note}")
+
+    # --- a streaming model call ------------------------------------------------------------
+
+    def provider(self, cancels: int) -> list:
+        """Cancel runs whose model call hangs mid-stream, one at a time, and time at the
+        provider's side when each connection closes: the provider stub is served by this
+        process, so the cancel request and the stub's clock are the same clock."""
+        closed, committed = [], []
+        with StubServer() as server:
+            stub = server.stub
+            env = {"AWAKEN_PROVIDER_BASE_URL": server.url, "AWAKEN_PROVIDER_MODEL": "echo+hang"}
+            with self.system(extra_env=env) as (web, _):
+                client = Client(web.port, self.token)
+                for _ in range(cancels):
+                    last = max((call.number for call in stub.calls), default=0)
+                    run_id = self.create(client, "demo.chat", {"prompt": "stream, then hang"})
+                    call = stub.wait(lambda calls, last=last: next(
+                        (c for c in calls if c.number > last and c.holding), None), 60,
+                        "a streaming model call")
+                    sent_wall, sent = time.time(), time.monotonic()
+                    client.call("POST", f"/api/runs/{run_id}/cancel/", {})
+                    stub.wait(lambda calls, call=call: call.disconnected, 30,
+                              "the provider's connection to close")
+                    closed.append((call.disconnected - sent) * 1000)
+                    ended_at = Run.objects.values_list("ended_at", flat=True).get(pk=run_id)
+                    committed.append((ended_at.timestamp() - sent_wall) * 1000)
+        return [("1 live", "REST cancel -> provider connection closed", closed,
+                 "at the provider stub"),
+                ("1 live", "REST cancel -> committed, model call mid-stream", committed, "")]
 
     # --- socket push ------------------------------------------------------------------------
 

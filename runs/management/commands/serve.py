@@ -1,7 +1,9 @@
 """Run the whole system in one process (``make run``): web, a worker and the sweeper.
 
 The code paths are the production ones; only the transports differ when nothing else is
-configured: the in-memory broker and channel layer, which live in this one process.
+configured: the in-memory broker and channel layer, which live in this one process. With
+no model provider configured, the provider stub is started too, on a port of its own, and
+the agents call it: the demo works offline.
 """
 
 import logging
@@ -20,6 +22,7 @@ from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 
 from runs import domain
+from runs.providers.stub import Stub, StubServer
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,10 @@ class Command(BaseCommand):
     def handle(self, host, port, concurrency, **options):
         self.ensure_admin()
         application = get_default_application()
+        if not settings.AWAKEN_PROVIDER_BASE_URL:
+            stub = start_stub()
+            self.stdout.write(f"No model provider configured: the provider stub answers at "
+                              f"{stub.url} (model {settings.AWAKEN_PROVIDER_MODEL!r}).")
         start_worker(concurrency)
         start_sweeper()
         self.stdout.write(f"awaken-site on http://{host}:{port}/", self.style.SUCCESS)
@@ -53,6 +60,18 @@ class Command(BaseCommand):
         user = User.objects.create_superuser("admin", password=password)
         user.groups.add(Group.objects.get_or_create(name="operator")[0])
         self.stdout.write(f"Created operator 'admin' with password: {password}")
+
+
+def start_stub() -> StubServer:
+    """The provider stub on a free local port, made the provider of this process (its
+    worker reads the settings when it makes its first model call)."""
+    server = StubServer(Stub(pace=STUB_PACE)).start()
+    settings.AWAKEN_PROVIDER_BASE_URL = server.url
+    settings.AWAKEN_PROVIDER_MODEL = settings.AWAKEN_PROVIDER_MODEL or "canned"
+    return server
+
+
+STUB_PACE = 0.04  # seconds between the stub's chunks: a stream a person can watch
 
 
 def start_worker(concurrency: int) -> threading.Thread:

@@ -1,0 +1,1 @@
+"""Example agents for awaken-site, in a package of their own."""
