@@ -260,7 +260,9 @@ class Worker(Process):
         name = name or f"w{uuid.uuid4().hex[:8]}"
         self.node = f"{name}@{socket.gethostname()}"
         self.queue = name if private else queue or settings.CELERY_TASK_DEFAULT_QUEUE
-        self.control = Celery(broker=broker).control if broker else app.control
+        # Not made the current app: the tests' own calls must keep using the project's.
+        self.control = (Celery(broker=broker, set_as_current=False).control if broker
+                        else app.control)
         argv = [sys.executable, "-m", "celery", "-A", "awaken_site", "worker", "--pool", pool,
                 "--concurrency", str(concurrency), "-n", self.node, "-Q", self.queue,
                 "--without-mingle", "--without-gossip", "--loglevel", loglevel]
