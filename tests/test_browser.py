@@ -11,6 +11,7 @@ import pytest
 
 from harness.processes import ROOT
 from runs.providers.stub import DEFAULT_CANNED
+from tests.accessibility import serious_violations
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -275,3 +276,7 @@ def test_no_page_breaks_the_content_security_policy(browser, embedded_site):
     assert "inline script" in refused.value.text and problems
     assert page.evaluate("window.__inline_ran") is None
     page.close()
+
+
+def test_the_operator_page_has_no_serious_accessibility_violations(operator_page):
+    assert serious_violations(operator_page) == []
