@@ -4,13 +4,15 @@ bodies over the limit refused before they are read."""
 
 import asyncio
 import json
+import threading
 
 import pytest
 from asgiref.sync import SyncToAsync, async_to_sync
 from asgiref.testing import ApplicationCommunicator
 from django.core.handlers.asgi import ASGIHandler
 
-from awaken_site.handlers import SyncChainASGIHandler
+from awaken_site.handlers import RequestThreads, SyncChainASGIHandler
+from harness.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,6 +57,38 @@ def test_a_request_enters_the_middleware_and_view_in_one_hop():
     # middleware. (The remaining hops are Django's per-request signals.)
     assert hops < django_hops
     assert hops <= 3, hops
+
+
+def test_requests_one_after_another_run_on_one_kept_thread():
+    seen = []
+    original = SyncChainASGIHandler._get_response
+
+    def view_call(self, request):
+        seen.append(threading.get_ident())
+        return original(self, request)
+
+    SyncChainASGIHandler._get_response = view_call
+    try:
+        handler = SyncChainASGIHandler()  # its chain holds the view call patched above
+        for _ in range(3):
+            start, _ = get(handler, "/accounts/login/")
+            assert start["status"] == 200
+            wait_until(lambda: len(handler.threads._free) == 1, 5, "the thread to be free")
+    finally:
+        SyncChainASGIHandler._get_response = original
+    assert len(seen) == 3 and len(set(seen)) == 1  # Django's handler starts one per request
+
+
+def test_a_thread_still_busy_is_not_lent_to_the_next_request():
+    threads = RequestThreads(idle=4)
+    executor = threads.borrow()
+    release = threading.Event()
+    executor.submit(release.wait, 5)
+    threads.give_back(executor)
+    assert threads.borrow() is not executor  # still running the first request's work
+    release.set()
+    wait_until(lambda: threads._free == [executor], 5, "the thread to be given back")
+    assert threads.borrow() is executor
 
 
 def test_it_answers_as_djangos_own_handler_does():

@@ -19,7 +19,8 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from awaken_site.asgi import application
-from runs.domain.keys import api_key_issue, key_digest
+from runs.domain.keys import api_key_issue, key_digest, user_for_api_key
+from runs.domain.roles import is_operator, is_viewer
 from runs.domain.throttle import failure_record
 from runs.models import ApiKey, AuthFailure, AuthScope
 from tests.conftest import HAS_SERVICES, browser_for, db_state, make_user
@@ -80,6 +81,15 @@ def test_a_new_key_replaces_the_old_one(operator):
     new = api_key_issue(user=operator)
     assert call(new).status_code == 200
     assert call(old, "10.0.0.2").status_code == 401
+
+
+def test_a_right_key_is_checked_with_its_locks_and_roles_in_one_query(
+        operator, viewer, django_assert_num_queries):
+    for user, operates in ((operator, True), (viewer, False)):
+        key = api_key_issue(user=user)
+        with django_assert_num_queries(1):
+            found = user_for_api_key(key=key, address="10.0.0.1")
+            assert (is_operator(found), is_viewer(found)) == (operates, True)
 
 
 def test_a_deactivated_users_key_is_refused(operator, key):

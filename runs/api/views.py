@@ -159,7 +159,7 @@ class EndRequestView(ControlView):
         data = validated(self.serializer_class, request)
         wait = query(s.WaitQuery, request)["wait"]
         result = self.request_end(run_id, data, actor=actor(request), source=source(request))
-        return control_response(waiting.wait_for_end(result.run.id, wait))
+        return control_response(waiting.wait_for_end(result.run, wait))
 
 
 class RunCancelView(EndRequestView):
@@ -213,7 +213,7 @@ class RunPauseView(ControlView):
             run = domain.run_pause(run_id=run_id, actor=actor(request), source=source(request))
         except NotActive as error:
             return not_active(error.message, selectors.run_get(run_id))
-        run = waiting.wait_until_not_running(run.id, wait)
+        run = waiting.wait_until_not_running(run, wait)
         if run["state"] == RunState.ENDED:
             return not_active("The run ended before it reached a step boundary.", run)
         code = status.HTTP_202_ACCEPTED if run["state"] == RunState.RUNNING else status.HTTP_200_OK

@@ -13,7 +13,7 @@ import secrets
 from django.db import transaction
 from django.utils import timezone
 
-from runs.domain import throttle
+from runs.domain import roles, throttle
 from runs.domain.errors import TooManyFailures
 from runs.models import ApiKey, AuthScope
 
@@ -39,21 +39,30 @@ def api_key_issue(*, user) -> str:
 def user_for_api_key(*, key: str, address: str):
     """The active user whose key ``key`` is, or None.
 
-    1. While the client's address or the key's prefix is locked, raise TooManyFailures
-       before looking (``runs.domain.throttle``).
-    2. Look the key up by its digest.
+    1. While the client's address or the key's prefix is locked, raise TooManyFailures,
+       whether the key is right or not (``runs.domain.throttle``).
+    2. Look the key up by its digest; a right key is read with the locks and the user's
+       roles in one query.
     3. If no active user has it, count a failure for the address and the prefix.
     """
     well_formed = KEY_FORMAT.fullmatch(key) is not None
     idents = [(AuthScope.ADDRESS, address[:64])]
     if well_formed:
         idents.append((AuthScope.KEY_PREFIX, key[:PREFIX_LENGTH]))
+        now = timezone.now()
+        found = (ApiKey.objects.select_related("user")
+                 .annotate(locked=throttle.last_lock(idents, now),
+                           **roles.role_annotations("user_id"))
+                 .filter(digest=key_digest(key)).first())
+        if found is not None:
+            wait = throttle.seconds_left(found.locked, now)
+            if wait:
+                raise TooManyFailures(wait)
+            if found.user.is_active:
+                roles.remember_roles(found.user, found)
+                return found.user
     wait = throttle.locked_for(idents)
     if wait:
         raise TooManyFailures(wait)
-    found = (ApiKey.objects.select_related("user").filter(digest=key_digest(key)).first()
-             if well_formed else None)
-    if found is not None and found.user.is_active:
-        return found.user
     throttle.failure_record(idents)
     return None

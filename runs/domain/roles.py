@@ -1,7 +1,8 @@
 """The two roles: viewers read, operators also control. Superusers are operators."""
 
 from django.contrib.auth import get_user_model
-from django.db.models import Q
+from django.contrib.auth.models import Group
+from django.db.models import Exists, OuterRef, Q
 
 VIEWER = "viewer"
 OPERATOR = "operator"
@@ -13,6 +14,18 @@ def _groups(user) -> set[str]:
     if not hasattr(user, "_awaken_groups"):
         user._awaken_groups = set(user.groups.values_list("name", flat=True))
     return user._awaken_groups
+
+
+def role_annotations(user_field: str) -> dict:
+    """Annotations that read, with a row naming a user in ``user_field``, whether that user
+    has each role: ``remember_roles`` puts them on the user, so the checks of the request
+    need no query of their own."""
+    return {f"_awaken_has_{role}": Exists(Group.objects.filter(
+        user=OuterRef(user_field), name=role)) for role in ROLES}
+
+
+def remember_roles(user, row) -> None:
+    user._awaken_groups = {role for role in ROLES if getattr(row, f"_awaken_has_{role}")}
 
 
 def is_operator(user) -> bool:

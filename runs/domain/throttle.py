@@ -14,7 +14,7 @@ from math import ceil
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, F, Q, Subquery, Value, When
 from django.utils import timezone
 
 from runs.models import AuthFailure, AuthScope
@@ -30,14 +30,30 @@ def _matching(idents: list[Ident]) -> Q:
     return reduce(operator.or_, (Q(scope=scope, ident=ident) for scope, ident in idents))
 
 
+def _locks(idents: list[Ident], now):
+    return AuthFailure.objects.filter(
+        _matching(idents), failures__gte=settings.AWAKEN_AUTH_FAILURES,
+        last_failed_at__gt=now - _period())
+
+
 def locked_for(idents: list[Ident]) -> int:
     """Whole seconds until none of ``idents`` is locked any more; 0 when none is."""
-    now, period = timezone.now(), _period()
-    lasts = AuthFailure.objects.filter(
-        _matching(idents), failures__gte=settings.AWAKEN_AUTH_FAILURES,
-        last_failed_at__gt=now - period,
-    ).values_list("last_failed_at", flat=True)
-    return max((ceil((last + period - now).total_seconds()) for last in lasts), default=0)
+    now = timezone.now()
+    return seconds_left(max(_locks(idents, now).values_list("last_failed_at", flat=True),
+                            default=None), now)
+
+
+def last_lock(idents: list[Ident], now) -> Subquery:
+    """``locked_for`` as a subquery, to be read with another row: the last failure of a
+    locked ident, or NULL; ``seconds_left`` turns it into seconds."""
+    return Subquery(_locks(idents, now).order_by("-last_failed_at")
+                    .values("last_failed_at")[:1])
+
+
+def seconds_left(last_failed_at, now) -> int:
+    if last_failed_at is None:
+        return 0
+    return max(0, ceil((last_failed_at + _period() - now).total_seconds()))
 
 
 def failure_record(idents: list[Ident]) -> None:

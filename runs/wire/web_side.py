@@ -190,18 +190,20 @@ def deliver(*, run_id, generation: int, owner: str | None, command: str,
 
 def signal(*, run_id, generation: int, owner: str, command: str, actor: str | None = None,
            source: str | None = None) -> None:
-    """Send a live command and wait for nobody: the durable path stands behind it."""
-    courier().post(_ask_owner, node=owner_node(owner),
+    """Send a live command and wait for nobody: the durable path stands behind it. No answer
+    is asked for, so the worker sends none."""
+    courier().post(_ask_owner, node=owner_node(owner), reply=False,
                    arguments={"run_id": str(run_id), "generation": generation,
                               "command": command, "actor": actor, "source": source})
 
 
-def _ask_owner(*, node: str, arguments: dict) -> bool:
-    """On a courier thread: the remote-control round trip to one worker node."""
+def _ask_owner(*, node: str, arguments: dict, reply: bool = True) -> bool:
+    """On a courier thread: the remote-control command to one worker node, and its answer
+    (whether it was delivered) if ``reply``."""
     carrier = courier()
     try:
         replies = current_app.control.broadcast(
-            DELIVER, arguments=arguments, destination=[node], reply=True, limit=1,
+            DELIVER, arguments=arguments, destination=[node], reply=reply, limit=1,
             timeout=settings.AWAKEN_DELIVERY_TIMEOUT, connection=carrier.broker()) or []
     except Exception:
         carrier.forget_broker()

@@ -137,10 +137,11 @@ class Command(BaseCommand):
 
     def cancel(self, levels, cancels, batch, no_baseline) -> list:
         rows = []
-        with self.system() as (web, _):
+        with self.system() as (web, workers):
             client = Client(web.port, self.token)
             for level in levels:
-                rows += self.measure_level(client, level, cancels, batch)
+                rows += self.measure_level(client, level, cancels, batch,
+                                           cpu_of={"web": web, "worker": workers[0]})
             if not no_baseline:
                 rows.append(self.baseline(cancels))
         return rows
@@ -178,12 +179,13 @@ class Command(BaseCommand):
             raise CommandError(f"create failed: {status} {body}")
         return body["id"]
 
-    def measure_level(self, client, level: int, cancels: int, batch: int) -> list:
+    def measure_level(self, client, level: int, cancels: int, batch: int, cpu_of: dict) -> list:
         background = [self.create(client, "demo.steps", {"steps": 1, "step_seconds": 86400})
                       for _ in range(level)]
         wait_until(lambda: Run.objects.filter(pk__in=background, state=RunState.RUNNING).count()
                    == len(background), 120, f"{level} live attempts")
         committed, answered, codes = [], [], {}
+        cpu = dict.fromkeys(cpu_of, 0)
         while len(answered) < cancels:
             runs = [self.create(client, "demo.hang")
                     for _ in range(min(batch, cancels - len(answered)))]
@@ -191,9 +193,12 @@ class Command(BaseCommand):
                 pk__in=runs, state=RunState.RUNNING).count() == len(runs), 60,
                 "the runs to cancel to start")
             for run_id in runs:
+                cpu_before = {name: cpu_ns(p.popen.pid) for name, p in cpu_of.items()}
                 sent_wall, sent = time.time(), time.monotonic()
                 status, body = client.call("POST", f"/api/runs/{run_id}/cancel/", {})
                 answered.append((time.monotonic() - sent) * 1000)
+                for name, process in cpu_of.items():
+                    cpu[name] += cpu_ns(process.popen.pid) - cpu_before[name]
                 codes[status] = codes.get(status, 0) + 1
                 ended_at = Run.objects.values_list("ended_at", flat=True).get(pk=run_id)
                 if ended_at is not None:
@@ -202,7 +207,9 @@ class Command(BaseCommand):
             client.call("POST", f"/api/runs/{run_id}/cancel/?wait=0", {})
         note = ", ".join(f"{code}: {count}" for code, count in sorted(codes.items()))
         return [(f"{level} live", "REST cancel -> ended/cancelled committed", committed, note),
-                (f"{level} live", "REST cancel -> 200 response", answered, "")]
+                (f"{level} live", "REST cancel -> 200 response", answered, ""),
+                *((f"{level} live", f"CPU of the {name} process per cancel", spent / 1e6 / cancels,
+                   "ms, all threads, request to response") for name, spent in cpu.items())]
 
     def baseline(self, cancels) -> tuple:
         """Celery's own revoke(terminate=True) of a plain hanging task on a prefork worker
@@ -440,6 +447,18 @@ def statements_bench(transitions: int) -> list:
         rows.append(("1 run", f"step transition through {name}, CPU of this process",
                      cpu[way] / transitions * 1000, "ms per transition"))
     return rows
+
+
+def cpu_ns(pid: int) -> int:
+    """CPU time of all the threads of a process so far, in ns (the scheduler's own count,
+    finer than the clock ticks of /proc/PID/stat; a thread that ended meanwhile is missed)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
 
 
 def rss_kib(pid: int) -> int:
