@@ -392,7 +392,7 @@ LOGGING = {
 }
 
 # Live attempts one worker process holds at most, and its database threads.
-AWAKEN_WORKER_CAPACITY = envnumber("AWAKEN_WORKER_CAPACITY", "1000", minimum=1)
+AWAKEN_WORKER_CAPACITY = envnumber("AWAKEN_WORKER_CAPACITY", "2000", minimum=1)
 AWAKEN_DB_THREADS = envnumber("AWAKEN_DB_THREADS", "8", minimum=1)
 # Runs queued together (a batch, a sweep) go to the workers this many to a message, and
 # a worker claims a message's runs in one transaction. Measured on 2 cores with batches of
