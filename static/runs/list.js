@@ -3,7 +3,7 @@
 // from pushed runs and asks the server (/runs/rows/?ids=...) which runs belong in the list:
 // the filter is applied there, never here.
 
-import { $, Live, absoluteTime, api, liveTimes, patchRow, setField, span } from "./common.js";
+import { $, Live, api, liveTimes, patchRow, setField, span } from "./common.js";
 import { controls } from "./controls.js";
 import { bulkSelection } from "./bulk.js";
 import { shortcuts } from "./keys.js";
@@ -371,12 +371,15 @@ function filterForm() {
           field.value === "") field.disabled = true;  // a short, readable URL
     }
   });
+  // Back from the filtered page (the page cache keeps the fields as they were sent).
+  window.addEventListener("pageshow", () => {
+    for (const field of form.elements) field.disabled = false;
+  });
   const picker = $("#state-picker");
   picker?.addEventListener("change", () => {
     const chosen = [...picker.querySelectorAll("input:checked")].map((box) => box.value);
     setField(picker, "states-chosen", chosen.length ? chosen.join(", ") : "any");
   });
-  for (const node of form.querySelectorAll("time[datetime]")) node.title = absoluteTime(node.dateTime);
 }
 
 const table = $("table.runs:not(.single)");
