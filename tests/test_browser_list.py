@@ -182,6 +182,8 @@ def test_the_phone_layout_fits_and_its_buttons_are_big(browser, embedded_site, w
         for action in ("pause", "cancel", "stop"):
             box = page.locator(f'{row} [data-action="{action}"]').bounding_box()
             assert box["height"] >= 44 and box["x"] >= 0 and box["x"] + box["width"] <= width
+        page.check(f"{row} [data-select]")  # nothing covers the checkbox of a card
+        assert page.is_visible("#bulk-bar")
         page.click(f'{row} [data-action="cancel"]')
         page.wait_for_selector(f'{row_of(run)}[data-end-cause="cancelled"]')
         assert tab.errors == []
