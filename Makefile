@@ -43,7 +43,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check runs awaken_site harness tests examples
 	$(BIN)/lint-imports
 
-## Redraw docs/operator-page.png, the README's picture of the operator page, with Debian's
+## Redraw the README's pictures of the console (docs/<page>-<size>.png) with Debian's
 ## chromium (the command starts an embedded site of its own, in a temporary directory).
 screenshot: $(STAMP) var/secret_key
 	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py screenshot

@@ -12,6 +12,10 @@ urlpatterns = [
     path("runs/rows/", views.rows, name="runs-rows"),
     path("runs/<uuid:run_id>/", views.detail, name="runs-page"),
     path("runs/<uuid:run_id>/panel/", views.panel, name="runs-panel"),
+    path("overview/", views.overview, name="runs-overview-page"),
+    path("bulk/", views.bulk_jobs, name="runs-bulk-page"),
+    # Browsers ask for /favicon.ico on their own; the site's icon is a static SVG.
+    path("favicon.ico", views.favicon, name="favicon"),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.metrics, name="metrics"),
     # A review link: whoever holds it answers one ticket, with no account (JSON for now).

@@ -31,7 +31,8 @@ class Rows(HTMLParser):
         if tag == "tr" and attrs.get("class") == "run":
             self.row = self.rows[attrs["data-run-id"]] = {"data-actions": attrs["data-actions"],
                                                            "shown": []}
-        elif tag == "button" and self.row is not None and "hidden" not in attrs:
+        elif (tag == "button" and self.row is not None and "data-action" in attrs
+              and "hidden" not in attrs):
             self.row["shown"].append(attrs["data-action"])
 
     def handle_endtag(self, tag):

@@ -17,7 +17,8 @@ from tests.factories import queued_run
 
 pytestmark = pytest.mark.django_db
 
-PUBLIC = {"healthz", "accounts/login/", "metrics"}
+# The favicon is a redirect to a static file, which every visitor may load.
+PUBLIC = {"healthz", "accounts/login/", "metrics", "favicon.ico"}
 
 
 def routes(patterns=None, prefix=""):

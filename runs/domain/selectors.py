@@ -157,6 +157,15 @@ def run_list(*, filters: dict, search: str = "", cursor: str | None = None, limi
     return page, (encode_cursor(page[-1], sort) if more else None)
 
 
+def runs_among(*, ids, filters: dict, search: str = "") -> list[Run]:
+    """Those of the runs ``ids`` that match ``filters`` and ``search`` (as ``run_list``
+    applies them): what a filtered live list asks about the runs a push named."""
+    criteria = dict(filters)
+    if search.strip():
+        criteria["q"] = search
+    return list(runs().filter(matching(**criteria), pk__in=ids))
+
+
 class StoredBytes(Func):
     """The bytes a JSON column takes as text (0 for SQL NULL), computed by the database."""
 

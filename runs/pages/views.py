@@ -3,15 +3,15 @@
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import BadRequest, PermissionDenied
 from django.http import Http404, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.templatetags.static import static
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from runs.domain import catalogue, selectors
+from runs.domain import bulk, catalogue, selectors
 from runs.domain.errors import InvalidRequest, RunNotFound
 from runs.domain.roles import is_operator, is_viewer
-from runs.models import EndCause, RunState
-from runs.pages import health
+from runs.pages import filters, health
 from runs.pages import metrics as stop_metrics
 
 
@@ -27,28 +27,39 @@ def viewer_required(view):
     return wrapped
 
 
-def list_filters(request) -> dict:
-    """The page's filters: state (or end cause), agent, and a search by id or thread."""
-    filters = {}
-    status = request.GET.get("status", "")
-    if status in RunState.values:
-        filters["state"] = status
-    elif status in EndCause.values:
-        filters["end_cause"] = status
-    if request.GET.get("by_agent") in catalogue.CATALOGUE:
-        filters["agent"] = request.GET["by_agent"]
-    return filters
-
-
-def page_of_runs(request):
-    search = request.GET.get("q", "")
-    if "\x00" in search:  # no id or thread id holds one, and PostgreSQL cannot take it
-        raise BadRequest("The search holds a NUL character.")
+def page_of_runs(request, chosen: filters.ListFilter):
     try:
-        return selectors.run_list(filters=list_filters(request), search=search,
+        return selectors.run_list(filters=chosen.matching(), search=chosen.q, sort=chosen.sort,
                                   cursor=request.GET.get("cursor") or None, limit=50)
     except InvalidRequest:
-        raise Http404("No such page.") from None
+        raise Http404("This page of the list does not exist (the link is stale or was "
+                      "edited).") from None
+
+
+MAX_DEPTH = 4  # the rows' indentation steps (site.css)
+
+
+def nested(runs: list) -> list:
+    """The page's runs with each child right under its parent when both are on the page
+    (in the page's order otherwise), marked with ``depth`` and ``child_count``."""
+    on_page = {run.id for run in runs}
+    children: dict = {}
+    for run in runs:
+        if run.parent_id in on_page:
+            children.setdefault(run.parent_id, []).append(run)
+    ordered = []
+
+    def place(run, depth):
+        run.depth = min(depth, MAX_DEPTH)
+        run.child_count = len(children.get(run.id, ()))
+        ordered.append(run)
+        for child in children.get(run.id, ()):
+            place(child, depth + 1)
+
+    for run in runs:
+        if run.parent_id not in on_page:
+            place(run, 0)
+    return ordered
 
 
 def page_context(request, **extra) -> dict:
@@ -56,23 +67,73 @@ def page_context(request, **extra) -> dict:
             **extra}
 
 
+def sort_links(chosen: filters.ListFilter) -> dict:
+    """Per sortable column: the query string that sorts by it (descending first, then the
+    other way on a second click) and the ``aria-sort`` it has now."""
+    links = {}
+    for name in filters.SORTABLE:
+        current = chosen.sort.removeprefix("-") == name
+        descending = chosen.sort.startswith("-")
+        next_sort = name if current and descending else f"-{name}"
+        links[name] = {"query": chosen.query(sort=next_sort),
+                       "aria": ("descending" if descending else "ascending") if current
+                       else "none"}
+    return links
+
+
 @viewer_required
 @require_GET
 def index(request):
-    runs, cursor = page_of_runs(request)
+    chosen = filters.read(request.GET)
+    runs, cursor = page_of_runs(request, chosen)
     return render(request, "runs/index.html", page_context(
-        request, runs=runs, cursor=cursor,
-        statuses=[*(s for s in RunState.values if s != RunState.ENDED), *EndCause.values],
-        status=request.GET.get("status", ""), agent=request.GET.get("by_agent", ""),
-        q=request.GET.get("q", "")))
+        request, runs=nested(runs), cursor=cursor, filter=chosen, statuses=filters.STATUSES,
+        sorts=sort_links(chosen), query=chosen.query(), api_filter=chosen.api()))
+
+
+MAX_ASKED = 100  # runs a live list may ask about at once
 
 
 @viewer_required
 @require_GET
 def rows(request):
-    """More rows of the list (``Load more``), rendered by the same partial."""
-    runs, cursor = page_of_runs(request)
-    return render(request, "runs/_rows.html", page_context(request, runs=runs, cursor=cursor))
+    """More rows of the list (``Load more``), rendered by the same partial; or, with
+    ``ids``, those of the named runs that match the list's filter: how a filtered live list
+    learns whether a pushed run belongs in it (the filter applies here, not in the page)."""
+    chosen = filters.read(request.GET)
+    if "ids" in request.GET:
+        try:
+            ids = [selectors.parse_run_id(part) for part in request.GET["ids"].split(",")
+                   if part][:MAX_ASKED]
+        except RunNotFound:
+            raise BadRequest("ids are run ids, comma-separated.") from None
+        found = selectors.runs_among(ids=ids, filters=chosen.matching(), search=chosen.q)
+        for run in found:
+            run.depth, run.child_count = 0, 0
+        return render(request, "runs/_rows.html", page_context(request, runs=found,
+                                                               cursor=None))
+    runs, cursor = page_of_runs(request, chosen)
+    return render(request, "runs/_rows.html", page_context(
+        request, runs=nested(runs), cursor=cursor, query=chosen.query()))
+
+
+@viewer_required
+@require_GET
+def overview(request):
+    """The overview's charts; the figures come from /api/overview/, polled by the page."""
+    return render(request, "runs/overview.html", page_context(request))
+
+
+@viewer_required
+@require_GET
+def bulk_jobs(request):
+    """Past and running bulk jobs, newest first, kept live by the run list's socket."""
+    try:
+        jobs, cursor = bulk.bulk_jobs(cursor=request.GET.get("cursor") or None, limit=50)
+    except InvalidRequest:
+        raise Http404("This page of bulk jobs does not exist (the link is stale or was "
+                      "edited).") from None
+    return render(request, "runs/bulk.html", page_context(request, jobs=jobs, cursor=cursor))
 
 
 @viewer_required
@@ -93,6 +154,12 @@ def run_panel(run_id) -> dict:
         return selectors.run_page(run_id=run_id)
     except RunNotFound:
         raise Http404("No such run.") from None
+
+
+@require_GET
+def favicon(request):
+    """Browsers ask for /favicon.ico on their own: the site's icon is a static SVG."""
+    return redirect(static("runs/favicon.svg"), permanent=True)
 
 
 @require_GET

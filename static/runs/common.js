@@ -124,3 +124,62 @@ export class Live {
   }
 }
 
+
+// --- times for people: relative and live, the absolute local time (with its zone) on hover --
+
+const UNITS = [["year", 31536000], ["month", 2592000], ["week", 604800], ["day", 86400],
+  ["hour", 3600], ["minute", 60], ["second", 1]];
+const relative = new Intl.RelativeTimeFormat(undefined, { numeric: "auto", style: "short" });
+const absolute = new Intl.DateTimeFormat(undefined, {
+  year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit",
+  second: "2-digit", timeZoneName: "short",
+});
+
+// "12 seconds ago", "3 minutes ago", "in 2 hours" (a queued run's start_after).
+export function relativeTime(iso, now = Date.now()) {
+  const when = Date.parse(iso);
+  if (Number.isNaN(when)) return "";
+  const seconds = Math.round((when - now) / 1000);
+  if (Math.abs(seconds) < 5) return "just now";
+  for (const [unit, size] of UNITS) {
+    if (Math.abs(seconds) >= size || unit === "second") {
+      return relative.format(Math.trunc(seconds / size), unit);
+    }
+  }
+  return "";
+}
+
+// "30 Nov 2026, 19:58:24 GMT+1": the viewer's own zone, named.
+export function absoluteTime(iso) {
+  const when = Date.parse(iso);
+  return Number.isNaN(when) ? "" : absolute.format(new Date(when));
+}
+
+// Keep every <time datetime> under `root` current: relative text, absolute title. Returns a
+// function that redraws at once (call it after adding rows).
+export function liveTimes(root = document, every = 5000) {
+  const draw = () => {
+    const now = Date.now();
+    for (const node of root.querySelectorAll("time[datetime]")) {
+      const iso = node.getAttribute("datetime");
+      if (!iso) continue;
+      const text = relativeTime(iso, now);
+      if (node.textContent !== text) node.textContent = text;
+      const title = absoluteTime(iso);
+      if (node.title !== title) node.title = title;
+    }
+  };
+  draw();
+  setInterval(draw, every);
+  return draw;
+}
+
+// A running time for people, as the server's `span` filter writes it: "0.4 s", "3 m 05 s".
+export function span(seconds) {
+  if (seconds < 10) return `${seconds.toFixed(1)} s`;
+  const whole = Math.floor(seconds);
+  if (whole < 60) return `${whole} s`;
+  const pad = (n) => String(n).padStart(2, "0");
+  if (whole < 3600) return `${Math.floor(whole / 60)} m ${pad(whole % 60)} s`;
+  return `${Math.floor(whole / 3600)} h ${pad(Math.floor((whole % 3600) / 60))} m`;
+}

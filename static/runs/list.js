@@ -1,63 +1,306 @@
 // The operator page: live rows from the websocket, controls over the REST API. Rows are
-// rendered by the server (templates/runs/_run_row.html); this module only patches their
-// fields, data attributes and shown buttons, and clones the same partial for runs that appear.
+// rendered by the server (templates/runs/_run_row.html); this module patches their fields
+// from pushed runs and asks the server (/runs/rows/?ids=...) which runs belong in the list:
+// the filter is applied there, never here.
 
-import { $, api, Live, patchRow } from "./common.js";
+import { $, Live, api, liveTimes, patchRow, setField, span } from "./common.js";
 import { controls } from "./controls.js";
+import { bulkSelection } from "./bulk.js";
+import { shortcuts } from "./keys.js";
+
+// Screen readers hear live changes, a few at a time.
+function announcer() {
+  const region = $("#announce");
+  let pending = [];
+  let timer = null;
+  return (text) => {
+    if (!region) return;
+    pending.push(text);
+    clearTimeout(timer);
+    timer = setTimeout(() => {
+      const shown = pending.slice(-3);
+      const more = pending.length - shown.length;
+      region.textContent = shown.join(". ") + (more > 0 ? `, and ${more} more changes.` : ".");
+      pending = [];
+    }, 800);
+  };
+}
+
+// The fields the shared patchRow leaves to the list: thread, error, times, running time.
+function patchListFields(row, run) {
+  const thread = row.querySelector('[data-field="thread-short"]');
+  if (thread) {
+    setField(row, "thread-short", run.thread_id.slice(0, 8));
+    thread.title = run.thread_id;
+    row.querySelector('.thread [data-copy]')?.setAttribute("data-copy", run.thread_id);
+  }
+  const error = row.querySelector('[data-field="error"]');
+  if (error) {
+    const text = run.end_cause === "failed" ? (run.error || "").trim() : "";
+    setField(row, "error", text.split("\n")[0]);
+    error.title = text;
+  }
+  for (const name of ["created", "started", "ended"]) {
+    const node = row.querySelector(`[data-field="${name}"]`);
+    const iso = run[`${name}_at`] || "";
+    if (node && node.getAttribute("datetime") !== iso) {
+      node.setAttribute("datetime", iso);
+      if (!iso) { node.textContent = "–"; node.title = ""; }
+    }
+  }
+  const duration = row.querySelector('[data-field="duration"]');
+  if (duration && typeof run.duration === "number") {
+    duration.dataset.seconds = String(run.duration);
+    duration.dataset.at = String(Date.now());
+    duration.textContent = run.started_at ? span(run.duration) : "–";
+  }
+  row.querySelector('[data-field="short-id"]')?.setAttribute("title", run.id);
+  row.querySelector('td.id [data-copy]')?.setAttribute("data-copy", run.id);
+}
 
 function listPage(table) {
   const body = $("#run-rows");
-  const template = $("#run-row");
+  const empty = $("#empty");
+  const filtered = table.dataset.filtered === "1";
+  const newestFirst = table.dataset.sort === "-created";
+  const query = table.dataset.query;
+  const announce = announcer();
   const rows = new Map();
-  for (const row of body.querySelectorAll("tr.run")) rows.set(row.dataset.runId, row);
-  const filters = { status: table.dataset.status, agent: table.dataset.byAgent, q: table.dataset.q };
+  const known = (row) => rows.set(row.dataset.runId, row);
+  const stamp = (row) => {
+    const duration = row.querySelector('[data-field="duration"]');
+    if (duration) duration.dataset.at = String(Date.now());
+  };
+  for (const row of body.querySelectorAll("tr.run")) { known(row); stamp(row); }
 
-  const matches = (run) =>
-    (!filters.status || filters.status === run.state || filters.status === run.end_cause) &&
-    (!filters.agent || filters.agent === run.agent) &&
-    (!filters.q || filters.q === run.id || filters.q === run.thread_id);
+  const redrawTimes = liveTimes(table);
+  // A running run's time goes on between pushes.
+  setInterval(() => {
+    for (const node of body.querySelectorAll('tr.run[data-state="running"] [data-field="duration"]')) {
+      const base = Number(node.dataset.seconds || 0);
+      const since = (Date.now() - Number(node.dataset.at || Date.now())) / 1000;
+      node.textContent = span(base + since);
+    }
+  }, 1000);
+
+  const showEmpty = () => { if (empty) empty.hidden = body.querySelector("tr.run") !== null; };
+  const descendants = (row) => {
+    const depth = Number(row.dataset.depth || 0);
+    const found = [];
+    for (let next = row.nextElementSibling; next?.matches("tr.run"); next = next.nextElementSibling) {
+      if (Number(next.dataset.depth || 0) <= depth) break;
+      found.push(next);
+    }
+    return found;
+  };
+
+  function place(fresh) {
+    const parent = fresh.dataset.parent ? rows.get(fresh.dataset.parent) : null;
+    if (parent) {
+      const depth = Math.min(Number(parent.dataset.depth || 0) + 1, 4);
+      fresh.dataset.depth = String(depth);
+      fresh.classList.add("child");
+      const after = descendants(parent).at(-1) || parent;
+      after.after(fresh);
+      const twisty = parent.querySelector('[data-toggle="children"]');
+      if (twisty) {
+        twisty.hidden = false;
+        setField(parent, "child-count", String(descendants(parent).filter(
+          (row) => row.dataset.parent === parent.dataset.runId).length));
+        if (twisty.getAttribute("aria-expanded") === "false") fresh.hidden = true;
+      }
+    } else {
+      body.prepend(fresh);
+    }
+  }
+
+  // Which runs belong: asked of the server, one request at a time, for every run a push
+  // named since the last answer (the last answer always follows the last push).
+  const asking = new Set();
+  let inFlight = null;
+  const leaving = new Map();
+
+  function ask(id) {
+    asking.add(id);
+    if (!inFlight) inFlight = Promise.resolve().then(flush);
+  }
+
+  async function flush() {
+    try {
+      while (asking.size) {
+        const ids = [...asking].slice(0, 100);
+        ids.forEach((id) => asking.delete(id));
+        const found = await belonging(ids);
+        for (const id of ids) settle(id, found.get(id));
+      }
+    } catch {
+      // the socket's next push or resume asks again
+    } finally {
+      inFlight = null;
+      if (asking.size) inFlight = Promise.resolve().then(flush);
+    }
+  }
+
+  async function belonging(ids) {
+    const params = new URLSearchParams(query);
+    params.set("ids", ids.join(","));
+    const response = await fetch(`/runs/rows/?${params}`, { credentials: "same-origin" });
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    const holder = document.createElement("tbody");
+    holder.innerHTML = await response.text();
+    return new Map([...holder.querySelectorAll("tr.run")].map((row) => [row.dataset.runId, row]));
+  }
+
+  function settle(id, fresh) {
+    const row = rows.get(id);
+    if (!fresh) {
+      if (row && filtered) leave(row);
+      return;
+    }
+    if (row) {
+      clearTimeout(leaving.get(id));
+      leaving.delete(id);
+      row.classList.remove("leaving");
+      if (Number(fresh.dataset.version) > Number(row.dataset.version)) {
+        // Newer than the pushes seen: take the server's row, keep what the user set on it.
+        fresh.className = row.className;
+        fresh.dataset.depth = row.dataset.depth;
+        fresh.hidden = row.hidden;
+        const picked = row.querySelector("[data-select]")?.checked;
+        if (picked) fresh.querySelector("[data-select]").checked = true;
+        const twisty = row.querySelector('[data-toggle="children"]');
+        fresh.querySelector('[data-toggle="children"]')?.replaceWith(twisty.cloneNode(true));
+        row.replaceWith(fresh);
+        known(fresh);
+        stamp(fresh);
+      }
+      return;
+    }
+    if (!newestFirst && !fresh.dataset.parent) {
+      reorderNote();
+      return;
+    }
+    stamp(fresh);
+    place(fresh);
+    known(fresh);
+    redrawTimes();
+    showEmpty();
+    announce(`New run ${id.slice(0, 8)}, ${fresh.dataset.agent}, ${statusOf(fresh)}`);
+    document.dispatchEvent(new CustomEvent("runs:rows"));
+  }
+
+  function leave(row) {
+    const id = row.dataset.runId;
+    if (leaving.has(id)) return;
+    row.classList.add("leaving");
+    announce(`Run ${id.slice(0, 8)} is ${statusOf(row)} and no longer matches the filter`);
+    leaving.set(id, setTimeout(() => {
+      leaving.delete(id);
+      for (const child of descendants(row)) child.dataset.depth = String(Math.max(0, Number(child.dataset.depth) - 1));
+      row.remove();
+      rows.delete(id);
+      showEmpty();
+      document.dispatchEvent(new CustomEvent("runs:rows"));
+    }, 2500));
+  }
+
+  let newInOrder = 0;
+  function reorderNote() {
+    newInOrder += 1;
+    const note = $("#reorder-note");
+    if (!note) return;
+    note.hidden = false;
+    note.querySelector("a").textContent =
+      `${newInOrder} new matching run${newInOrder === 1 ? "" : "s"}: reload to place them in this order`;
+  }
+
+  const statusOf = (row) => (row.dataset.state === "ended" ? row.dataset.endCause : row.dataset.state);
 
   function apply(run) {
     const row = rows.get(run.id);
-    if (row) return patchRow(row, run);
-    const first = body.querySelector("tr.run");
-    const newest = !first || !first.querySelector("time").getAttribute("datetime") ||
-      run.created_at >= first.querySelector("time").getAttribute("datetime");
-    if (!matches(run) || !newest) return false;  // older runs are one "Load more" away
-    const fresh = template.content.firstElementChild.cloneNode(true);
-    patchRow(fresh, run);
-    body.prepend(fresh);
-    rows.set(run.id, fresh);
-    $(".empty")?.remove();
+    if (row) {
+      const before = statusOf(row);
+      if (!patchRow(row, run)) return false;
+      patchListFields(row, run);
+      redrawTimes();
+      const now = statusOf(row);
+      if (now !== before) announce(`Run ${run.id.slice(0, 8)} is ${now}`);
+      if (filtered) ask(run.id);
+      return true;
+    }
+    if (newestFirst && !run.parent_id) {
+      const first = body.querySelector("tr.run:not(.child) time[data-field='created']");
+      const newest = first?.getAttribute("datetime");
+      const more = body.querySelector("tr.more");
+      // Older runs are one "Load more" away, or not in this page's range at all.
+      if (newest && run.created_at < newest && (more || rows.size)) return false;
+    }
+    if (run.parent_id && !rows.has(run.parent_id) && newestFirst) {
+      const first = body.querySelector("tr.run time[data-field='created']")?.getAttribute("datetime");
+      if (first && run.created_at < first) return false;
+    }
+    ask(run.id);
     return true;
   }
 
   new Live("/ws/runs/", (message) => {
     if (message.type === "snapshot") message.runs.slice().reverse().forEach(apply);
     else if (message.type === "run.changed") apply(message.run);
+    else if (message.type === "bulk.changed") {
+      document.dispatchEvent(new CustomEvent("bulk:changed", { detail: message.job }));
+    }
   });
 
   body.addEventListener("click", async (event) => {
+    const toggle = event.target.closest('[data-toggle="children"]');
+    if (toggle) {
+      const row = toggle.closest("tr.run");
+      const open = toggle.getAttribute("aria-expanded") !== "false";
+      toggle.setAttribute("aria-expanded", open ? "false" : "true");
+      for (const child of descendants(row)) {
+        child.hidden = open;
+        const inner = child.querySelector('[data-toggle="children"]');
+        if (!open && inner) inner.setAttribute("aria-expanded", "true");
+      }
+      return;
+    }
     const more = event.target.closest('[data-action="more"]');
     if (!more) return;
     const marker = more.closest("tr.more");
-    const query = new URLSearchParams({
-      status: filters.status, by_agent: filters.agent, q: filters.q, cursor: marker.dataset.cursor,
-    });
-    const response = await fetch(`/runs/rows/?${query}`, { credentials: "same-origin" });
+    const params = new URLSearchParams(query);
+    params.set("cursor", marker.dataset.cursor);
+    more.disabled = true;
+    const response = await fetch(`/runs/rows/?${params}`, { credentials: "same-origin" });
+    if (!response.ok) { more.disabled = false; return; }
     const holder = document.createElement("tbody");
     holder.innerHTML = await response.text();
     for (const row of holder.querySelectorAll("tr.run")) {
-      if (!rows.has(row.dataset.runId)) rows.set(row.dataset.runId, row);
-      else row.remove();
+      if (!rows.has(row.dataset.runId)) { known(row); stamp(row); } else row.remove();
     }
     marker.replaceWith(...holder.children);
+    redrawTimes();
+    document.dispatchEvent(new CustomEvent("runs:rows"));
+  });
+
+  // Copy an id: the rows show a short one.
+  document.addEventListener("click", async (event) => {
+    const button = event.target.closest("[data-copy]");
+    if (!button) return;
+    try {
+      await navigator.clipboard.writeText(button.dataset.copy);
+      button.classList.add("done");
+      setTimeout(() => button.classList.remove("done"), 1200);
+      notice(`Copied the ${button.dataset.copyWhat || "id"} ${button.dataset.copy}`);
+    } catch {
+      notice(`Copy it by hand: ${button.dataset.copy}`);
+    }
   });
 
   $("#new-run")?.addEventListener("submit", async (event) => {
     event.preventDefault();
     const form = event.target;
     const error = form.querySelector('[data-field="form-error"]');
+    const submit = form.querySelector('[data-action="create"]');
     error.textContent = "";
     let input;
     try {
@@ -70,15 +313,79 @@ function listPage(table) {
     for (const name of ["max_steps", "max_seconds", "max_tokens"]) {
       if (form[name].value) budget[name] = Number(form[name].value);
     }
+    submit.disabled = true;
     try {
-      apply(await api("POST", "/api/runs/", { agent: form.agent.value, input, budget }));
+      const run = await api("POST", "/api/runs/", { agent: form.agent.value, input, budget });
+      const found = await belonging([run.id]).catch(() => new Map([[run.id, null]]));
+      if (found.has(run.id)) {
+        if (!rows.has(run.id)) settle(run.id, found.get(run.id));
+        if (!newestFirst) notice(`Run ${run.id.slice(0, 8)} started.`, run.url, "Open it");
+      } else {
+        notice(`Run ${run.id.slice(0, 8)} started, but the filter hides it.`, run.url, "Open it",
+          "/", "Show all runs");
+      }
     } catch (problem) {
       error.textContent = problem.message;
+    } finally {
+      submit.disabled = false;
     }
   });
+
+  filterForm();
   return apply;
 }
 
+// A toast with links (the shared toast takes text only).
+export function notice(text, ...links) {
+  const box = $("#toast");
+  if (!box) return;
+  box.replaceChildren(text);
+  for (let i = 0; i < links.length; i += 2) {
+    const link = document.createElement("a");
+    link.href = links[i];
+    link.textContent = links[i + 1];
+    box.append(" ", link);
+  }
+  box.hidden = false;
+  clearTimeout(notice.timer);
+  notice.timer = setTimeout(() => { box.hidden = true; }, links.length ? 10000 : 5000);
+}
+
+// The filter form: the time range in the viewer's zone, the states picked shown in its summary.
+function filterForm() {
+  const form = $("#filters");
+  if (!form) return;
+  // On a phone the list comes first: the boxes start closed (the filter's when none is set).
+  if (matchMedia("(max-width: 760px)").matches) {
+    if ($("table.runs").dataset.filtered !== "1") $("#filter-box").open = false;
+    const create = $("#new-run-box");
+    if (create) create.open = false;
+  }
+  form.addEventListener("submit", () => {
+    const zone = form.querySelector('[data-field="tz"]');
+    const hasRange = form.elements.from.value || form.elements.to.value;
+    zone.value = hasRange ? String(-new Date().getTimezoneOffset()) : "";
+    if (!zone.value) zone.disabled = true;
+    for (const field of form.elements) {
+      if ((field.tagName === "INPUT" || field.tagName === "SELECT") && field.type !== "checkbox" &&
+          field.value === "") field.disabled = true;  // a short, readable URL
+    }
+  });
+  // Back from the filtered page (the page cache keeps the fields as they were sent).
+  window.addEventListener("pageshow", () => {
+    for (const field of form.elements) field.disabled = false;
+  });
+  const picker = $("#state-picker");
+  picker?.addEventListener("change", () => {
+    const chosen = [...picker.querySelectorAll("input:checked")].map((box) => box.value);
+    setField(picker, "states-chosen", chosen.length ? chosen.join(", ") : "any");
+  });
+}
 
 const table = $("table.runs:not(.single)");
-if (table) controls(listPage(table));
+if (table) {
+  const apply = listPage(table);
+  controls(apply);
+  bulkSelection(table);
+  shortcuts(table);
+}

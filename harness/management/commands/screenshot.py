@@ -1,9 +1,11 @@
-"""The README's picture of the operator page, redrawn on demand: ``manage.py screenshot``.
+"""The README's pictures of the console, redrawn on demand: ``manage.py screenshot``.
 
 It starts an embedded site of its own (``manage.py serve``, SQLite in a temporary
 directory, nothing of ``var/`` touched), starts runs over the API until the list shows each
-state and end cause, logs in as the site's operator and has Debian's chromium draw the page.
-The tests run it with ``--output`` into a temporary file: no test rewrites the picture.
+state and end cause, logs in as the site's operator and has Debian's chromium draw each page
+of ``PAGES`` at each size of ``SIZES`` into ``docs/<page>-<width>x<height>.png``. A page is
+one entry of ``PAGES``: its path, what shows it is ready, and what to set up first.
+The tests draw into a temporary directory: no test rewrites the pictures.
 """
 
 import json
@@ -17,6 +19,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -111,34 +115,111 @@ class Site:
             self.process.wait()
 
 
+@dataclass(frozen=True)
+class Page:
+    """One picture: ``path`` on the site, drawn once ``ready`` holds (a CSS selector, or
+    after ``js:`` a JavaScript function: the page's CSP evaluates no expression string).
+    ``prepare(site, runs)`` runs once before (on the site, over the API), ``show(page)``
+    in the browser once the page is ready."""
+
+    name: str
+    path: str
+    ready: str
+    prepare: Callable | None = None
+    show: Callable | None = None
+
+
+SIZES = ((1280, 800), (390, 844))
+
+
+def start_stuck_runs(site: Site, runs: dict) -> None:
+    """Three runs stuck in a step, for the bulk pictures (once)."""
+    if "stuck" in runs:
+        return
+    runs["stuck"] = [site.call("POST", "/api/runs/", {"agent": "demo.hang", "input": {}})["id"]
+                     for _ in range(3)]
+    for run_id in runs["stuck"]:
+        wait_until(lambda run_id=run_id: site.call("GET", f"/api/runs/{run_id}/")["state"]
+                   == "running", 30, f"run {run_id} to run")
+
+
+def open_bulk_dialog(tab) -> None:
+    """Tick the runs shown and ask to cancel them: the dialog with the job's preview."""
+    tab.check("[data-select-page]")
+    tab.click('#bulk-bar [data-bulk="cancel"]')
+    tab.wait_for_function(
+        "() => document.querySelector('[data-field=bulk-preview]').textContent"
+        ".includes('will be')")
+
+
+def stop_the_stuck_runs(site: Site, runs: dict) -> None:
+    """Bulk jobs for the picture of the jobs page: one stops the stuck runs, one finds
+    nothing left to cancel."""
+    start_stuck_runs(site, runs)
+    for action, extra in (("cancel", {"ids": [runs["completed"], runs["failed"]]}),
+                          ("stop", {"ids": runs["stuck"], "reason": "stuck in a tool"})):
+        job = site.call("POST", "/api/bulk/", {"action": action, **extra})
+        wait_until(lambda job=job: site.call("GET", f"/api/bulk/{job['id']}/")["state"]
+                   == "done", 60, "the bulk job to finish")
+
+
+PAGES = [
+    Page("list", "/", "js:() => document.querySelectorAll('#run-rows tr.run').length >= 7"),
+    Page("overview", "/overview/",
+         "js:() => document.querySelectorAll('.uplot canvas').length === 4 && "
+         "document.querySelector('[data-figure=running]').textContent !== '–'"),
+    Page("bulk", "/?by_agent=demo.hang&status=running",
+         "js:() => document.querySelectorAll('#run-rows tr.run').length >= 3",
+         prepare=start_stuck_runs, show=open_bulk_dialog),
+    Page("bulk-jobs", "/bulk/", "js:() => document.querySelectorAll('tr.job').length >= 2",
+         prepare=stop_the_stuck_runs),
+]
+
+
 class Command(BaseCommand):
-    help = ("Draw the operator page, with runs in each state, into docs/operator-page.png "
-            "(Debian's chromium, on an embedded site of the command's own).")
+    help = ("Draw the console's pages (run list, overview, a bulk job, bulk jobs), with runs "
+            "in each state, at 1280x800 and 390x844 into docs/ (Debian's chromium, on an "
+            "embedded site of the command's own).")
 
     def add_arguments(self, parser):
+        parser.add_argument("--output-dir", type=Path, default=Path(settings.BASE_DIR) / "docs",
+                            help="Where <page>-<width>x<height>.png go (default docs/).")
+        parser.add_argument("--page", action="append", choices=[page.name for page in PAGES],
+                            help="Only this page (repeat for several); all by default.")
+        parser.add_argument("--size", action="append",
+                            help="Only this viewport, WIDTHxHEIGHT (repeat for several).")
         parser.add_argument("--output", type=Path,
-                            default=Path(settings.BASE_DIR) / "docs" / "operator-page.png")
-        parser.add_argument("--size", default="1280x800", help="Viewport, WIDTHxHEIGHT.")
+                            help="One picture of the run list into this file, at the first "
+                                 "--size (1280x800 by default).")
         parser.add_argument("--chromium", default=CHROMIUM)
 
-    def handle(self, output, size, chromium, **options):
-        try:
-            width, height = (int(n) for n in size.lower().split("x"))
-        except ValueError:
-            raise CommandError(f"--size must be WIDTHxHEIGHT, not {size!r}") from None
+    def handle(self, output_dir, page, size, output, chromium, **options):
+        sizes = [self.parse_size(text) for text in size] if size else list(SIZES)
+        chosen = [entry for entry in PAGES if not page or entry.name in page]
+        if output is not None:
+            chosen, sizes = [PAGES[0]], sizes[:1]
         if not os.path.exists(chromium):
             raise CommandError(f"no chromium at {chromium} (apt-get install chromium)")
         with tempfile.TemporaryDirectory(prefix="awaken-screenshot-") as var_dir:
             site = Site(Path(var_dir))
             try:
-                count = self.start_runs(site)
-                self.draw(site, count, output, width, height, chromium)
+                runs = self.start_runs(site)
+                written = self.draw(site, runs, chosen, sizes, chromium, output_dir, output)
             finally:
                 site.stop()
-        self.stdout.write(f"Wrote {output} ({width}x{height})", self.style.SUCCESS)
+        for path in written:
+            self.stdout.write(f"Wrote {path}", self.style.SUCCESS)
 
-    def start_runs(self, site: Site) -> int:
-        """Runs in every state and end cause, the running one newest; their number."""
+    @staticmethod
+    def parse_size(text: str) -> tuple[int, int]:
+        try:
+            width, height = (int(n) for n in text.lower().split("x"))
+        except ValueError:
+            raise CommandError(f"--size must be WIDTHxHEIGHT, not {text!r}") from None
+        return width, height
+
+    def start_runs(self, site: Site) -> dict:
+        """Runs in every state and end cause, the running one newest: their ids by status."""
 
         def start(agent: str, input: dict, **extra) -> str:
             return site.call("POST", "/api/runs/", {"agent": agent, "input": input,
@@ -168,15 +249,16 @@ class Command(BaseCommand):
         site.call("POST", f"/api/runs/{cancelled}/cancel/?wait=2", {})
         for run_id, status in expected.items():
             reaches(run_id, status)
-        return len(expected)
+        return {status: run_id for run_id, status in expected.items()}
 
-    def draw(self, site: Site, count: int, output: Path, width: int, height: int,
-             chromium: str) -> None:
+    def draw(self, site: Site, runs: dict, pages: list, sizes: list, chromium: str,
+             output_dir: Path, output: Path | None) -> list[Path]:
         try:
             from playwright.sync_api import sync_playwright
         except ImportError:
             raise CommandError("needs Playwright: pip install -e '.[dev]'") from None
 
+        written = []
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(
                 executable_path=chromium, headless=True,
@@ -184,16 +266,38 @@ class Command(BaseCommand):
                       "--disable-background-networking", "--disable-component-update",
                       "--disable-sync"])
             try:
-                page = browser.new_page(viewport={"width": width, "height": height})
-                page.set_default_timeout(15_000)
-                page.goto(f"{site.base}/")
-                page.fill('input[name="username"]', "admin")
-                page.fill('input[name="password"]', site.password)
-                page.click('button[type="submit"]')
-                page.wait_for_selector('#live[data-status="live"]')
-                page.wait_for_function(
-                    "n => document.querySelectorAll('#run-rows tr.run').length >= n", arg=count)
-                output.parent.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(output))
+                tabs = {size: self.logged_in(browser, site, *size) for size in sizes}
+                for entry in pages:
+                    if entry.prepare is not None:
+                        entry.prepare(site, runs)
+                    for (width, height), tab in tabs.items():
+                        tab.goto(f"{site.base}{entry.path}")
+                        tab.wait_for_selector('#live[data-status="live"]')
+                        if entry.ready.startswith("js:"):
+                            tab.wait_for_function(entry.ready.removeprefix("js:"))
+                        else:
+                            tab.wait_for_selector(entry.ready)
+                        if entry.show is not None:
+                            entry.show(tab)
+                        path = output or output_dir / f"{entry.name}-{width}x{height}.png"
+                        path.parent.mkdir(parents=True, exist_ok=True)
+                        tab.screenshot(path=str(path))
+                        written.append(path)
             finally:
                 browser.close()
+        return written
+
+    @staticmethod
+    def logged_in(browser, site: Site, width: int, height: int):
+        phone = width < 600
+        context = browser.new_context(viewport={"width": width, "height": height},
+                                      has_touch=phone, is_mobile=phone,
+                                      device_scale_factor=1)
+        tab = context.new_page()
+        tab.set_default_timeout(20_000)
+        tab.goto(f"{site.base}/")
+        tab.fill('input[name="username"]', "admin")
+        tab.fill('input[name="password"]', site.password)
+        tab.click('button[type="submit"]')
+        tab.wait_for_selector('#live[data-status="live"]')
+        return tab

@@ -1,0 +1,402 @@
+"""The operator list, the overview, bulk jobs and the error pages in a real browser (Debian's
+chromium driven by Playwright) against the embedded site, at 1280×800 and 390×844."""
+
+import os
+import re
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from harness.processes import ROOT
+from tests.accessibility import serious_violations
+
+CHROMIUM = "/usr/bin/chromium"
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                reason="needs Debian's chromium (apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync"])
+        yield browser
+        browser.close()
+
+
+class Tab:
+    """A logged-in page that records console errors and uncaught exceptions."""
+
+    def __init__(self, browser, site, viewport=DESKTOP, **context):
+        touch = viewport["width"] < 500
+        self.context = browser.new_context(viewport=viewport, has_touch=touch,
+                                           is_mobile=touch, **context)
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(15_000)
+        self.site = site
+        self.errors = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error"
+                     else None)
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.page.goto(f"{site.base}/accounts/login/")
+        self.page.fill('input[name="username"]', "admin")
+        self.page.fill('input[name="password"]', site.admin_password)
+        self.page.click('button[type="submit"]')
+        self.page.wait_for_selector('#live[data-status="live"]')
+
+    def open(self, path, ready='#live[data-status="live"]'):
+        self.page.goto(f"{self.site.base}{path}")
+        if ready:
+            self.page.wait_for_selector(ready)
+        return self.page
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture
+def tab(browser, embedded_site):
+    opened = Tab(browser, embedded_site)
+    yield opened
+    assert opened.errors == []
+    opened.close()
+
+
+@pytest.fixture
+def phone(browser, embedded_site):
+    opened = Tab(browser, embedded_site, PHONE)
+    yield opened
+    assert opened.errors == []
+    opened.close()
+
+
+def start(site, agent, input=None, **extra):
+    status, run = site.call("POST", "/api/runs/", {"agent": agent, "input": input or {},
+                                                    **extra})
+    assert status == 201, run
+    return run
+
+
+def row_of(run):
+    return f'tr.run[data-run-id="{run["id"]}"]'
+
+
+def wait_state(site, run, status):
+    from harness.processes import wait_until
+
+    def there():
+        _, now = site.call("GET", f"/api/runs/{run['id']}/")
+        return status in (now["state"], now["end_cause"])
+
+    wait_until(there, 30, f"run {run['id']} to be {status}")
+
+
+# --- bugs ---------------------------------------------------------------------------------
+
+def test_a_filtered_list_lets_go_of_a_run_that_no_longer_matches(tab, embedded_site):
+    run = start(embedded_site, "demo.hang")
+    page = tab.open("/?status=running")
+    page.wait_for_selector(f'{row_of(run)}[data-state="running"]')
+    embedded_site.call("POST", f"/api/runs/{run['id']}/cancel/?wait=2")
+    page.wait_for_selector(row_of(run), state="detached")
+    page.wait_for_function(
+        "id => document.querySelector('#announce').textContent.includes(id)",
+        arg=run["id"][:8])
+
+
+def test_a_filtered_list_takes_in_a_run_that_comes_to_match(tab, embedded_site):
+    run = start(embedded_site, "demo.hang")
+    page = tab.open("/?status=cancelled")
+    wait_state(embedded_site, run, "running")
+    assert page.query_selector(row_of(run)) is None
+    embedded_site.call("POST", f"/api/runs/{run['id']}/cancel/?wait=2")
+    page.wait_for_selector(f'{row_of(run)}[data-end-cause="cancelled"]')
+
+
+def test_search_finds_the_short_id_shown_and_the_agent(tab, embedded_site):
+    run = start(embedded_site, "demo.steps", {"steps": 1, "step_seconds": 0.05})
+    page = tab.open(f"/?q={run['id'][:8]}")
+    assert page.eval_on_selector_all("tr.run", "rows => rows.map(r => r.dataset.runId)") == [
+        run["id"]]
+    page.fill('#filters [name="q"]', "demo.steps")
+    page.click('#filters button[type="submit"]')
+    page.wait_for_url(re.compile(r"q=demo\.steps"))
+    agents = page.eval_on_selector_all("tr.run", "rows => rows.map(r => r.dataset.agent)")
+    assert agents and set(agents) == {"demo.steps"}
+
+
+def test_a_filter_without_matches_says_so(tab):
+    page = tab.open("/?q=0000000f")
+    text = page.text_content("#empty")
+    assert page.is_visible("#empty") and "No runs match this filter" in text
+    assert "No runs yet" not in text
+
+
+def test_starting_a_run_the_filter_hides_says_so(tab):
+    page = tab.open("/?status=failed")
+    page.select_option('#new-run [name="agent"]', "demo.steps")
+    page.fill('[name="input"]', '{"steps": 1, "step_seconds": 0.05}')
+    page.click('[data-action="create"]')
+    page.wait_for_selector("#toast:not([hidden])")
+    assert "filter hides it" in page.text_content("#toast")
+    assert page.get_attribute("#toast a", "href").startswith("/runs/")
+
+
+def test_times_are_live_and_show_the_local_time_with_its_zone(browser, embedded_site):
+    tab = Tab(browser, embedded_site, timezone_id="Asia/Tokyo", locale="en-GB")
+    try:
+        run = start(embedded_site, "demo.steps", {"steps": 1, "step_seconds": 0.05})
+        page = tab.open("/")
+        created = f'{row_of(run)} time[data-field="created"]'
+        page.wait_for_selector(created)
+        title = page.get_attribute(created, "title")
+        assert "GMT+9" in title or "JST" in title
+        # Relative times move on: "just now" becomes "... sec. ago" without a reload.
+        page.wait_for_function(
+            "sel => /sec|min/.test(document.querySelector(sel).textContent)", arg=created,
+            timeout=20_000)
+        assert tab.errors == []
+    finally:
+        tab.close()
+
+
+@pytest.mark.parametrize("width", [360, 390])
+def test_the_phone_layout_fits_and_its_buttons_are_big(browser, embedded_site, width):
+    tab = Tab(browser, embedded_site, {"width": width, "height": 844})
+    try:
+        run = start(embedded_site, "demo.hang")
+        page = tab.open("/")
+        row = f'{row_of(run)}[data-state="running"]'
+        page.wait_for_selector(row)
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        for action in ("pause", "cancel", "stop"):
+            box = page.locator(f'{row} [data-action="{action}"]').bounding_box()
+            assert box["height"] >= 44 and box["x"] >= 0 and box["x"] + box["width"] <= width
+        page.check(f"{row} [data-select]")  # nothing covers the checkbox of a card
+        assert page.is_visible("#bulk-bar")
+        page.click(f'{row} [data-action="cancel"]')
+        page.wait_for_selector(f'{row_of(run)}[data-end-cause="cancelled"]')
+        assert tab.errors == []
+    finally:
+        tab.close()
+
+
+def test_error_pages_are_styled_with_a_way_back(tab, embedded_site):
+    page = tab.page
+    missing_run = "/runs/00000000-0000-0000-0000-0000000000ff/"
+    for path in ("/no-such-page/", "/?cursor=garbage", missing_run):
+        response = page.goto(f"{embedded_site.base}{path}")
+        assert response.status == 404
+        assert page.is_visible(".error-page") and page.is_visible('.error-page a[href="/"]')
+        assert page.evaluate("getComputedStyle(document.body).margin") == "0px"  # styled
+    tab.errors.clear()  # the browser logs each 404 document itself
+    icon = page.goto(f"{embedded_site.base}/favicon.ico")
+    assert icon.status == 200 and icon.headers["content-type"].startswith("image/svg")
+
+
+def test_the_columns_show_a_short_thread_and_the_error(tab, embedded_site):
+    run = start(embedded_site, "demo.fail", {"steps": 1})
+    page = tab.open("/")
+    row = f'{row_of(run)}[data-end-cause="failed"]'
+    page.wait_for_selector(row)
+    thread = page.locator(f'{row} [data-field="thread-short"]')
+    assert thread.text_content() == run["thread_id"][:8]
+    assert thread.get_attribute("title") == run["thread_id"]
+    page.wait_for_function(
+        "sel => document.querySelector(sel).textContent.includes('demo.fail')",
+        arg=f'{row} [data-field="error"]')
+    assert page.is_visible(f'{row} [data-field="error"]')
+
+
+# --- features ------------------------------------------------------------------------------
+
+def test_children_are_nested_under_their_parent_and_fold(tab, embedded_site):
+    parent = start(embedded_site, "demo.parent")
+    page = tab.open("/")
+    page.wait_for_function(
+        "id => document.querySelectorAll(`tr.run[data-parent='${id}']`).length >= 2",
+        arg=parent["id"])
+    page.reload()
+    page.wait_for_selector('#live[data-status="live"]')
+    order = page.eval_on_selector_all(
+        "tr.run", "rows => rows.map(r => [r.dataset.runId, r.dataset.parent, r.dataset.depth])")
+    at = [run_id for run_id, _, _ in order].index(parent["id"])
+    children = order[at + 1:at + 3]
+    assert all(p == parent["id"] and depth == "1" for _, p, depth in children)
+    page.click(f'{row_of(parent)} [data-toggle="children"]')
+    for child_id, _, _ in children:
+        assert not page.is_visible(f'tr.run[data-run-id="{child_id}"]')
+    page.click(f'{row_of(parent)} [data-toggle="children"]')
+    assert page.is_visible(f'tr.run[data-run-id="{children[0][0]}"]')
+    embedded_site.call("POST", f"/api/runs/{parent['id']}/cancel/?wait=2")
+
+
+def test_sorting_by_a_column_and_the_url_holds_it(tab, embedded_site):
+    start(embedded_site, "demo.steps", {"steps": 1, "step_seconds": 0.05})
+    page = tab.open("/?status=completed")
+    page.click("th >> text=Duration")
+    page.wait_for_url(re.compile(r"sort=-duration"))
+    assert "status=completed" in page.url
+    assert page.get_attribute("th:has(a:text('Duration'))", "aria-sort") == "descending"
+    page.wait_for_selector("tr.run")
+    durations = page.eval_on_selector_all(
+        "tr.run [data-field='duration']", "nodes => nodes.map(n => Number(n.dataset.seconds))")
+    assert durations == sorted(durations, reverse=True)
+
+
+def test_several_states_at_once_and_a_time_range(tab, embedded_site):
+    failed = start(embedded_site, "demo.fail", {"steps": 1})
+    done = start(embedded_site, "demo.steps", {"steps": 1, "step_seconds": 0.05})
+    wait_state(embedded_site, failed, "failed")
+    wait_state(embedded_site, done, "completed")
+    page = tab.open("/")
+    page.click("#state-picker summary")
+    page.check('#state-picker input[value="failed"]')
+    page.check('#state-picker input[value="completed"]')
+    page.fill('#filters [name="from"]', "2000-01-01T00:00:00")
+    page.click('#filters button[type="submit"]')
+    page.wait_for_url(re.compile(r"status=failed.*status=completed|status=completed.*status=failed"))
+    assert "from=2000-01-01" in page.url and "tz=" in page.url
+    shown = set(page.eval_on_selector_all("tr.run", "rows => rows.map(r => r.dataset.runId)"))
+    assert {failed["id"], done["id"]} <= shown
+    states = page.eval_on_selector_all("tr.run", "rows => rows.map(r => r.dataset.endCause)")
+    assert set(states) <= {"failed", "completed"}
+    page.goto(f"{embedded_site.base}/?to=2000-01-01T00:00:00&tz=0")
+    assert page.is_visible("#empty")
+
+
+def test_copy_buttons_copy_the_full_id(browser, embedded_site):
+    tab = Tab(browser, embedded_site)
+    tab.context.grant_permissions(["clipboard-read", "clipboard-write"],
+                                  origin=embedded_site.base)
+    try:
+        run = start(embedded_site, "demo.steps", {"steps": 1, "step_seconds": 0.05})
+        page = tab.open("/")
+        page.click(f'{row_of(run)} td.id [data-copy]')
+        page.wait_for_selector("#toast:not([hidden])")
+        assert page.evaluate("navigator.clipboard.readText()") == run["id"]
+        assert tab.errors == []
+    finally:
+        tab.close()
+
+
+def test_keyboard_shortcuts_are_documented_and_work(tab, embedded_site):
+    start(embedded_site, "demo.steps", {"steps": 1, "step_seconds": 0.05})
+    page = tab.open("/")
+    page.wait_for_selector("tr.run")
+    page.keyboard.press("?")
+    assert page.is_visible("#shortcuts") and "Next and previous run" in page.text_content(
+        "#shortcuts")
+    page.keyboard.press("j")
+    assert page.evaluate("document.activeElement.closest('tr.run') !== null")
+    assert page.query_selector("tr.run.focused") is not None
+    page.keyboard.press("/")
+    assert page.evaluate("document.activeElement.name") == "q"
+
+
+def test_live_changes_are_announced(tab, embedded_site):
+    run = start(embedded_site, "demo.hang")
+    page = tab.open("/")
+    page.wait_for_selector(f'{row_of(run)}[data-state="running"]')
+    assert page.get_attribute("#announce", "aria-live") == "polite"
+    embedded_site.call("POST", f"/api/runs/{run['id']}/cancel/?wait=2")
+    page.wait_for_function(
+        "id => document.querySelector('#announce').textContent.includes(`${id} is cancelled`)",
+        arg=run["id"][:8])
+
+
+def test_the_overview_draws_charts_that_follow_the_figures(tab, embedded_site):
+    page = tab.open("/overview/")
+    page.wait_for_function("() => document.querySelectorAll('.uplot canvas').length === 4")
+    page.wait_for_function(
+        "() => document.querySelector('[data-figure=running]').textContent !== '–'")
+    running = int(page.text_content('[data-figure="running"]'))
+    run = start(embedded_site, "demo.hang")
+    wait_state(embedded_site, run, "running")
+    page.wait_for_function(
+        "n => Number(document.querySelector('[data-figure=\"running\"]').textContent) > n",
+        arg=running, timeout=20_000)
+    embedded_site.call("POST", f"/api/runs/{run['id']}/cancel/?wait=2")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+
+
+def test_a_bulk_cancel_of_selected_runs_shows_its_progress(tab, embedded_site):
+    runs = [start(embedded_site, "demo.hang") for _ in range(2)]
+    page = tab.open("/?by_agent=demo.hang&status=running")
+    for run in runs:
+        page.wait_for_selector(f'{row_of(run)}[data-state="running"]')
+        page.check(f"{row_of(run)} [data-select]")
+    assert page.text_content('[data-field="bulk-count"]') == "2 selected"
+    page.click('#bulk-bar [data-bulk="cancel"]')
+    page.wait_for_function(
+        "() => document.querySelector('[data-field=bulk-preview]').textContent"
+        ".startsWith('2 runs')")
+    page.click('#bulk-dialog [data-bulk="confirm"]')
+    page.wait_for_selector('#bulk-progress[data-state="done"]', timeout=30_000)
+    assert "2 applied" in page.text_content("#bulk-progress")
+    for run in runs:
+        wait_state(embedded_site, run, "cancelled")
+    page = tab.open("/bulk/")
+    first = page.locator("tr.job").first
+    assert first.get_attribute("data-state") == "done"
+    assert "admin" in first.text_content() and "2 applied" in first.text_content()
+
+
+def test_a_bulk_job_over_a_filter_can_be_aborted(tab, embedded_site):
+    page = tab.open("/bulk/")
+    runs = [start(embedded_site, "demo.hang") for _ in range(3)]
+    for run in runs:
+        wait_state(embedded_site, run, "running")
+    status, job = embedded_site.call("POST", "/api/bulk/", {
+        "action": "stop", "reason": "clearing the queue", "filter": {"agent": "demo.hang"}})
+    assert status == 201
+    row = f'tr.job[data-job-id="{job["id"]}"]'
+    page.wait_for_selector(row)
+    if page.is_visible(f'{row} [data-bulk="abort"]'):
+        page.click(f'{row} [data-bulk="abort"]')
+    page.wait_for_selector(f'{row}[data-state="aborted"], {row}[data-state="done"]')
+    assert not page.is_visible(f'{row} [data-bulk="abort"]')
+
+
+# --- accessibility, both sizes, both schemes ----------------------------------------------
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_the_pages_have_no_serious_accessibility_violations(browser, embedded_site, viewport,
+                                                           scheme):
+    start(embedded_site, "demo.fail", {"steps": 1})
+    tab = Tab(browser, embedded_site, viewport, color_scheme=scheme)
+    try:
+        for path, ready in (("/", "tr.run"), ("/?status=failed&q=zz", "#empty"),
+                            ("/overview/", ".uplot canvas"), ("/bulk/", "#live"),
+                            ("/no-such-page/", ".error-page")):
+            page = tab.open(path, ready)
+            assert serious_violations(page) == [], path
+            assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
+        assert [e for e in tab.errors if "404" not in e] == []
+    finally:
+        tab.close()
+
+
+def test_the_screenshot_command_draws_each_page_at_both_sizes(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "screenshot", "--output-dir", str(tmp_path),
+         "--page", "overview", "--page", "bulk", "--size", "390x844"], cwd=ROOT,
+        env={**env, "SECRET_KEY": "screenshot-test"}, capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stderr
+    names = sorted(path.name for path in tmp_path.glob("*.png"))
+    assert names == ["bulk-390x844.png", "overview-390x844.png"]
+    png = (tmp_path / "bulk-390x844.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and struct.unpack(">II", png[16:24]) == (390, 844)
