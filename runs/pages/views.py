@@ -79,9 +79,10 @@ def rows(request):
 @require_GET
 def detail(request, run_id):
     panel = run_panel(run_id)
+    entries = activity.run_activity(run_id=panel["run"].id, last=activity.SHOWN)
+    # The panel's re-renders leave the activity log out: the page keeps the one it grows.
     return render(request, "runs/detail.html", page_context(
-        request, **panel, entries=activity.run_activity(run_id=panel["run"].id,
-                                                        last=activity.SHOWN)))
+        request, **panel, with_activity=True, entries=entries))
 
 
 @viewer_required

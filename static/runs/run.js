@@ -86,7 +86,9 @@ function runPage(panel) {
       if (!response.ok) return;
       const open = [...panel.querySelectorAll("details[open] > summary")].map((s) => s.textContent);
       const link = panel.querySelector('[data-field="new-link"]:not([hidden])');
+      const log = panel.querySelector("#activity:not([data-placeholder])");
       panel.innerHTML = await response.text();
+      if (log) panel.querySelector("#activity")?.replaceWith(log);  // it grows on its own
       for (const summary of panel.querySelectorAll("details > summary")) {
         if (open.includes(summary.textContent)) summary.parentElement.open = true;
       }
