@@ -60,6 +60,8 @@ def test_a_pause_that_waits_for_its_step_says_so(page, embedded_site):
     # The request is on record at once: in the activity log and under control requests.
     page.wait_for_selector('.activity-log li[data-kind="control"]:has-text("pause requested")')
     page.wait_for_selector('tr[data-action-kind="pause"]:has-text("admin")')
+    page.wait_for_selector(
+        '.timeline li[data-kind="pause_requested"]:has-text("by admin via Browser")')
     page.wait_for_selector(f'{row}[data-state="awaiting"]', timeout=15_000)
     # Taken at the step's end, in the operator's name and from where they asked.
     page.wait_for_selector('.timeline li[data-kind="paused"]:has-text("by admin via Browser")')
@@ -130,9 +132,11 @@ def test_the_run_page_and_its_dialogs_fit_the_screen(page, embedded_site, size):
     _, row = open_run(page, embedded_site, "demo.hang")
     page.wait_for_selector(f'{row}[data-state="running"]')
     assert page.evaluate("document.documentElement.scrollWidth") <= size["width"]
-    for action in ("pause", "cancel", "stop"):
-        height = page.locator(f'{row} [data-action="{action}"]').bounding_box()["height"]
-        assert height >= (44 if size is PHONE else 28), (action, height)
+    heights = page.evaluate("""row => Object.fromEntries([...document.querySelectorAll(
+        row + ' button[data-action]')].filter(b => b.checkVisibility()).map(
+        b => [b.dataset.action, b.getBoundingClientRect().height]))""", row)
+    assert set(heights) == {"pause", "cancel", "stop"}
+    assert min(heights.values()) >= (44 if size is PHONE else 28), heights
     page.click(f'{row} [data-action="stop"]')
     box = page.locator("#stop-dialog").bounding_box()
     assert box["x"] >= 0 and box["x"] + box["width"] <= size["width"]

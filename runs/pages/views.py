@@ -101,8 +101,12 @@ def run_panel(run_id) -> dict:
     facts = activity.activity_facts(run_id=run.id)
     events = page["events"]
     changed = [event for event in events if event.kind in STATE_EVENTS]
+    # Newest first; a live request (a pause) shows where it was taken, before its effect.
+    timeline = sorted([*((event.at, 1, "event", event) for event in events),
+                       *((entry.at, 0, "request", entry) for entry in facts["live_requests"])],
+                      key=lambda item: item[:2], reverse=True)
     return {**page, **facts,
-            "events": events[::-1],  # newest first
+            "timeline": [(kind, item) for _, _, kind, item in timeline],
             "state_since": changed[-1].at if changed else run.created_at,
             "requests": control_rows(page["intents"], facts["live_requests"], events),
             "current_attempt": next((a for a in page["attempts"] if a.closed_at is None),

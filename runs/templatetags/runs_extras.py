@@ -4,6 +4,8 @@ import json
 
 from django import template
 
+from runs.models import Source
+
 register = template.Library()
 
 
@@ -96,9 +98,9 @@ def activity_detail(entry) -> str:
         total = data.get("total")
         return f"step {data['done']} of {total}" if total else f"step {data['done']}"
     if entry.kind == "control":
-        return " ".join(part for part in (f"by {data['actor']}" if data.get("actor") else "",
-                                          f"via {data['source']}" if data.get("source") else "")
-                        if part)
+        who = f"by {data['actor']}" if data.get("actor") else ""
+        where = f"via {source_label(data['source'])}" if data.get("source") else ""
+        return " ".join(part for part in (who, where) if part)
     if entry.kind == "log" and data:
         return json.dumps(data, ensure_ascii=False, default=str)
     return ""
@@ -113,3 +115,9 @@ def activity_figures(entry) -> str:
              f"{entry.tokens} tokens" if entry.tokens else "",
              f"gen {entry.generation}" if entry.generation else ""]
     return " · ".join(part for part in parts if part)
+
+
+@register.filter
+def source_label(value) -> str:
+    """A request's source as people read it ("Browser", "REST API")."""
+    return dict(Source.choices).get(value, value or "")

@@ -86,7 +86,8 @@ export function controls(apply) {
       const disabled = inFlight.has(`${id} ${action}`) || pendingHere || cancelling;
       if (button.disabled !== disabled) button.disabled = disabled;
       const label = pendingHere ? `${button.dataset.label} requested…`
-        : cancelling ? "Cancelling…" : button.dataset.label;
+        : cancelling ? "Cancelling…"
+          : inFlight.has(`${id} ${action}`) ? `${button.dataset.label}…` : button.dataset.label;
       if (button.textContent !== label) button.textContent = label;  // (no mutation loop)
     }
   }
@@ -123,15 +124,30 @@ export function controls(apply) {
   function cancelNow(id) {
     clearTimeout(cancels.get(id));
     cancels.delete(id);
-    document.querySelector(`.toast.notice[data-for="${id}"]`)?.remove();
+    const box = document.querySelector(`.toast.notice[data-for="${id}"]`);
+    if (box) {
+      clearInterval(box.ticker);
+      box.remove();
+    }
     act(id, "cancel", `/api/runs/${id}/cancel/?wait=2`, {});
   }
 
   function cancelLater(id) {
     if (cancels.has(id)) return;
-    cancels.set(id, setTimeout(() => cancelNow(id), CANCEL_GRACE_MS));
-    notice(id, `Cancelling run ${id.slice(0, 8)} in ${CANCEL_GRACE_MS / 1000} s.`,
-           [["Undo", "undo"], ["Cancel now", "now"]]).querySelector("button")?.focus();
+    const due = Date.now() + CANCEL_GRACE_MS;
+    const box = notice(id, "", [["Undo", "undo"], ["Cancel now", "now"]]);
+    const say = () => {
+      const left = Math.max(0, Math.ceil((due - Date.now()) / 1000));
+      box.firstChild.textContent = `Cancelling run ${id.slice(0, 8)} in ${left} s.`;
+    };
+    say();
+    const ticker = setInterval(say, 250);
+    cancels.set(id, setTimeout(() => {
+      clearInterval(ticker);
+      cancelNow(id);
+    }, CANCEL_GRACE_MS));
+    box.ticker = ticker;
+    box.querySelector("button")?.focus();
     reflect();
   }
 
@@ -142,6 +158,7 @@ export function controls(apply) {
       if (choice.dataset.notice === "now") return cancelNow(id);
       clearTimeout(cancels.get(id));
       cancels.delete(id);
+      clearInterval(choice.closest(".toast.notice").ticker);
       choice.closest(".toast.notice").remove();
       toast(`Run ${id.slice(0, 8)} was not cancelled.`);
       return reflect();
