@@ -117,7 +117,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return super().get_changelist_instance(request)
 
 
-RECENT_EVENTS = 20  # a run's admin page lists its newest events; the rest are one link away
+RECENT_EVENTS = 10  # a run's admin page lists its newest events; the rest are one link away
 
 
 class RecentEventsFormSet(BaseInlineFormSet):
@@ -165,11 +165,21 @@ class RunAdmin(ReadOnlyAdmin):
     actions = [cancel_runs, stop_runs, resume_runs]
     inlines = [AttemptInline, EventInline]
     readonly_fields = ["operator_page", "all_events"]
+    # What an operator reads first; budgets and the worker's bookkeeping fold away.
+    MAIN = ["operator_page", "all_events", "agent", "state", "end_cause", "stop_code",
+            "stop_reason", "error", "input", "output", "thread_id", "parent", "rerun_of",
+            "created_by", "created_at", "started_at", "ended_at"]
+    USAGE = ["max_steps", "max_seconds", "max_tokens", "steps", "tokens", "seconds_used"]
 
-    def get_fields(self, request, obj=None):
-        fields = [name for name in super().get_fields(request, obj)
-                  if name not in self.readonly_fields]
-        return [*self.readonly_fields, *fields]
+    def get_fieldsets(self, request, obj=None):
+        fields = [*self.readonly_fields, *(name for name in self.get_fields(request, obj)
+                                           if name not in self.readonly_fields)]
+        main = [name for name in self.MAIN if name in fields]
+        usage = [name for name in self.USAGE if name in fields]
+        rest = [name for name in fields if name not in main and name not in usage]
+        return [(None, {"fields": main}),
+                ("Budget and usage", {"fields": usage, "classes": ["collapse"]}),
+                ("Attempts, claim and bookkeeping", {"fields": rest, "classes": ["collapse"]})]
 
     @admin.display(description="Operator page")
     def operator_page(self, run):
