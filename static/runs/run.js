@@ -87,8 +87,12 @@ function runPage(panel) {
       const open = [...panel.querySelectorAll("details[open] > summary")].map((s) => s.textContent);
       const link = panel.querySelector('[data-field="new-link"]:not([hidden])');
       const log = panel.querySelector("#activity:not([data-placeholder])");
+      const scrolled = log?.querySelector(".activity-log")?.scrollTop;
       panel.innerHTML = await response.text();
-      if (log) panel.querySelector("#activity")?.replaceWith(log);  // it grows on its own
+      if (log) {  // it grows on its own; moved back where it was, scrolled as it was
+        panel.querySelector("#activity")?.replaceWith(log);
+        log.querySelector(".activity-log").scrollTop = scrolled;
+      }
       for (const summary of panel.querySelectorAll("details > summary")) {
         if (open.includes(summary.textContent)) summary.parentElement.open = true;
       }
