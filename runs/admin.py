@@ -9,12 +9,16 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.db import transaction
+from django.forms.models import BaseInlineFormSet
 from django.shortcuts import render
+from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
+from django.utils.html import format_html
 
 from runs import domain
 from runs.domain import keys, selectors
 from runs.domain.errors import ServiceError
+from runs.domain.representation import run_url
 from runs.domain.roles import is_operator
 from runs.models import ApiKey, Attempt, AuthFailure, ControlIntent, Event, ResumeTicket, Run
 
@@ -113,14 +117,25 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return super().get_changelist_instance(request)
 
 
+RECENT_EVENTS = 10  # a run's admin page lists its newest events; the rest are one link away
+
+
+class RecentEventsFormSet(BaseInlineFormSet):
+    def get_queryset(self):
+        # Sliced after the formset filtered to its run (a sliced queryset takes no filter).
+        return super().get_queryset()[:RECENT_EVENTS]
+
+
 class EventInline(admin.TabularInline):
     model = Event
+    formset = RecentEventsFormSet
+    verbose_name_plural = f"Events (the {RECENT_EVENTS} newest; all of them through the link above)"
     fields = ["seq", "version", "kind", "state", "end_cause", "generation", "actor", "source",
               "data", "at"]
     readonly_fields = fields
     extra = 0
     can_delete = False
-    ordering = ["seq"]
+    ordering = ["-seq"]
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -149,6 +164,33 @@ class RunAdmin(ReadOnlyAdmin):
     raw_id_fields = ["parent"]
     actions = [cancel_runs, stop_runs, resume_runs]
     inlines = [AttemptInline, EventInline]
+    readonly_fields = ["operator_page", "all_events"]
+    # What an operator reads first; budgets and the worker's bookkeeping fold away.
+    MAIN = ["operator_page", "all_events", "agent", "state", "end_cause", "stop_code",
+            "stop_reason", "error", "input", "output", "thread_id", "parent", "rerun_of",
+            "created_by", "created_at", "started_at", "ended_at"]
+    USAGE = ["max_steps", "max_seconds", "max_tokens", "steps", "tokens", "seconds_used"]
+
+    def get_fieldsets(self, request, obj=None):
+        fields = [*self.readonly_fields, *(name for name in self.get_fields(request, obj)
+                                           if name not in self.readonly_fields)]
+        main = [name for name in self.MAIN if name in fields]
+        usage = [name for name in self.USAGE if name in fields]
+        rest = [name for name in fields if name not in main and name not in usage]
+        return [(None, {"fields": main}),
+                ("Budget and usage", {"fields": usage, "classes": ["collapse"]}),
+                ("Attempts, claim and bookkeeping", {"fields": rest, "classes": ["collapse"]})]
+
+    @admin.display(description="Operator page")
+    def operator_page(self, run):
+        return format_html('<a href="{}">Open the run\'s page</a> (live timeline, activity, '
+                           'controls)', run_url(run.pk))
+
+    @admin.display(description="Events")
+    def all_events(self, run):
+        url = reverse("admin:runs_event_changelist")
+        return format_html('<a href="{}?run__id__exact={}">All {} events</a>, newest first',
+                           url, run.pk, run.version)
 
     def get_search_fields(self, request):
         # "=id" compares as a UUID: a term that is not one must not make the page fail.
@@ -217,6 +259,7 @@ class ControlIntentAdmin(ReadOnlyAdmin):
 class EventAdmin(ReadOnlyAdmin):
     list_display = ["seq", "run", "version", "kind", "state", "end_cause", "generation", "actor",
                     "source", "at"]
+    ordering = ["-seq"]
     list_filter = ["kind", "source"]
     search_fields = ["=run__id", "actor"]
     list_select_related = ["run"]

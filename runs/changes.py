@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from channels.layers import get_channel_layer
 
 from runs.domain import selectors
-from runs.domain.representation import bulk_text, change_text, run_data
+from runs.domain.representation import activity_text, bulk_text, change_text, run_data
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,12 @@ def publish_output(*, run_id, text: str) -> None:
     follow that one run get it, never the run list or a waiting call.
     """
     stream.publish([{"type": "run.output", "run_id": str(run_id), "text": text}])
+
+
+def activity(*, run_id, entries: list[dict]) -> None:
+    """Send new entries of a run's activity log to the sockets of that run, as live output
+    goes: only the sockets that follow the one run get them."""
+    publish_output(run_id=run_id, text=activity_text(run_id=run_id, entries=entries))
 
 
 def announce(*, changes) -> None:

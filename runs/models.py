@@ -752,3 +752,49 @@ class BulkItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} {self.run_id} ({self.outcome})"
+
+
+class ActivityKind(models.TextChoices):
+    STEP = "step", "Step"  # a committed step: its duration and tokens
+    MODEL = "model", "Model call"  # one call to a model: its model, duration and tokens
+    TOOL = "tool", "Tool call"  # one tool call: its name, duration, and whether it raised
+    LOG = "log", "Log"  # a line the agent wrote with ctx.log()
+    PROGRESS = "progress", "Progress"  # ctx.progress(x, n): step x of n
+    CONTROL = "control", "Control request"  # a live request taken by the attempt (a pause)
+    ERROR = "error", "Error"  # the exception that failed the attempt, with its traceback
+    TRUNCATED = "truncated", "Truncated"  # the run reached its cap: later entries are dropped
+
+
+class Activity(models.Model):
+    """One entry of a run's activity log: what the agent did and said, as it happened.
+
+    Not state: nothing decides on it. Written by the worker as the attempt goes (a few
+    entries per statement), pushed on the run's sockets, and capped per run
+    (``runs.domain.activity.CAP``) with a last ``truncated`` entry saying so.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # No index of its own: (run, seq) below leads with it.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="activity",
+                            db_index=False)
+    seq = models.PositiveIntegerField(help_text="1, 2, 3... within the run.")
+    generation = models.PositiveIntegerField(help_text="The attempt that wrote it.")
+    kind = models.CharField(max_length=16, choices=ActivityKind.choices)
+    text = models.CharField(max_length=500, blank=True, default="",
+                            help_text="A log line, a model's or a tool's name.")
+    ms = models.FloatField(null=True, blank=True, help_text="Duration in milliseconds.")
+    tokens = models.PositiveIntegerField(null=True, blank=True)
+    data = models.JSONField(null=True, blank=True, help_text="A few small fields.")
+    at = models.DateTimeField(help_text="When it started (a span) or happened.")
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.CheckConstraint(condition=Q(kind__in=ActivityKind.values),
+                                   name="runs_activity_kind_valid"),
+            # One writer numbers a run's entries; the page and "after seq" reads use it.
+            models.UniqueConstraint(fields=["run", "seq"], name="runs_activity_run_seq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} #{self.seq} {self.kind} {self.text}"

@@ -23,9 +23,13 @@ class Host:
         self.output_per_second = per_second
         self.pushes: list[tuple[float, dict]] = []
         self.commits: list[dict] = []
+        self.activity_log: list[dict] = []
 
     def publish_output(self, run_id, text):
         self.pushes.append((time.monotonic(), json.loads(text)))
+
+    def activity(self, ctx, entry):
+        self.activity_log.append(entry)
 
     async def before_step(self, ctx):
         ctx._check()

@@ -179,6 +179,9 @@ class Host:
     async def commit_step(self, ctx, *, tokens):
         pass
 
+    def activity(self, ctx, entry):
+        pass
+
     async def pause(self, ctx, *, reason, prompt, schema=None):
         self.paused = {"reason": reason, "prompt": prompt, "schema": schema}
 

@@ -43,8 +43,14 @@ def test_a_cancel_from_another_thread_wakes_the_waiting_loop():
 
 
 class Host:
+    def __init__(self):
+        self.activity_log = []
+
     async def run_sync_tool(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    def activity(self, ctx, entry):
+        self.activity_log.append(entry)
 
 
 def context(token):

@@ -36,9 +36,12 @@ def blocking_forever():
 
 async def run_steps(ctx: Context, total: int, seconds: float, tokens: int, key: str = "done"):
     while ctx.state.get(key, 0) < total:
+        done = ctx.state.get(key, 0)
+        ctx.progress(done + 1, total)
         async with ctx.step():
+            ctx.log(f"thinking about step {done + 1} of {total}")
             await ctx.infer(simulated_inference(seconds), tokens=tokens)
-            ctx.state[key] = ctx.state.get(key, 0) + 1
+            ctx.state[key] = done + 1
 
 
 @register
@@ -110,6 +113,31 @@ class Approval(Agent):
             raise PermissionError("not approved")
         await run_steps(ctx, int(ctx.input.get("steps_after", 1)), seconds, 100, key="after")
         return {"approved": True}
+
+
+ORDER_SCHEMA = {
+    "type": "object", "required": ["colour", "count"],
+    "properties": {
+        "colour": {"enum": ["red", "green", "blue"], "title": "Colour"},
+        "count": {"type": "integer", "minimum": 1, "maximum": 10, "title": "How many"},
+        "note": {"type": "string", "maxLength": 200, "title": "Note"},
+        "urgent": {"type": "boolean", "title": "Urgent"},
+    },
+}
+
+
+@register
+class Ask(Agent):
+    """Asks for typed input (a JSON Schema the page makes a form of), then returns it."""
+
+    name = "demo.ask"
+
+    async def run(self, ctx):
+        answer = await ctx.wait_for_input(
+            reason="input", prompt={"question": "Which colour, and how many?"},
+            schema=ORDER_SCHEMA)
+        ctx.log("got an answer", colour=answer.get("colour"))
+        return {"ordered": answer}
 
 
 @register

@@ -1,7 +1,21 @@
+from django.shortcuts import render
 from django.urls import path
 from drf_spectacular.views import SpectacularSwaggerSplitView
+from rest_framework.exceptions import NotAuthenticated
 
 from runs.api import bulk, console, review, views
+
+
+class DocsView(SpectacularSwaggerSplitView):
+    """The interactive docs; a visitor who is not logged in gets a page with a login link
+    (not a bare 401)."""
+
+    def handle_exception(self, exc):
+        if isinstance(exc, NotAuthenticated) and self.request.method == "GET":
+            return render(self.request, "runs/docs_login.html",
+                          {"next": self.request.get_full_path()}, status=401)
+        return super().handle_exception(exc)
+
 
 urlpatterns = [
     path("runs/", views.RunListView.as_view(), name="runs-list"),
@@ -27,6 +41,6 @@ urlpatterns = [
     path("bulk/<str:job_id>/abort/", bulk.BulkAbortView.as_view(), name="runs-bulk-abort"),
     path("schema/", views.SchemaView.as_view(), name="runs-schema"),
     # The split view serves its start-up script from a URL: the CSP allows no inline script.
-    path("docs/", SpectacularSwaggerSplitView.as_view(
+    path("docs/", DocsView.as_view(
         url_name="runs-schema", template_name="runs/swagger_ui.html"), name="runs-docs"),
 ]

@@ -43,6 +43,9 @@ class Changes(Protocol):
     def bulk_changed(self, *, job) -> None:
         """A bulk job as committed, after a change of its state or progress."""
 
+    def activity(self, *, run_id, entries: list[dict]) -> None:
+        """New entries of a run's activity log (``runs.domain.activity``), as committed."""
+
 
 class _Unplugged:
     """Until the wiring plugs an adapter in, a port refuses loudly rather than drop work."""

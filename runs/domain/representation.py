@@ -16,7 +16,7 @@ import json
 from django.conf import settings
 from django.utils import timezone
 
-from runs.models import BulkJob, Event, Run
+from runs.models import Activity, BulkJob, Event, Run
 
 
 def when(value) -> str | None:
@@ -152,3 +152,16 @@ def snapshot_text(*, seq: int, runs: list[Run]) -> str:
     while texts and size > room:
         size -= len(texts.pop()) + (2 if texts else 0)
     return head + ", ".join(texts) + "]}"
+
+
+def activity_data(entry: Activity) -> dict:
+    """An entry of a run's activity log, as its page and the run's sockets get it."""
+    return {"seq": entry.seq, "generation": entry.generation, "kind": entry.kind,
+            "text": entry.text, "ms": entry.ms, "tokens": entry.tokens, "data": entry.data,
+            "at": when(entry.at)}
+
+
+def activity_text(*, run_id, entries: list[dict]) -> str:
+    """A ``run.activity`` push: new entries of one run's activity log (not state: no seq of
+    the change stream; each entry has the run's own ``seq``)."""
+    return json.dumps({"type": "run.activity", "run_id": str(run_id), "entries": entries})

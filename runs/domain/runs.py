@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from runs.domain import limits, ports
+from runs.domain import activity, limits, ports
 from runs.domain.catalogue import CATALOGUE
 from runs.domain.core import (
     Ending,
@@ -351,7 +351,11 @@ def run_pause(*, run_id, actor: str, source: str) -> Run:
     """Ask a running run to pause at its next step boundary (a live signal; the run moves
     to ``awaiting`` with a ticket when its attempt reaches the boundary). NotActive when it
     is not running."""
-    return run_deliver(run_id=run_id, command="pause", actor=actor, source=source)
+    run = run_deliver(run_id=run_id, command="pause", actor=actor, source=source)
+    # Taken, not yet done: the run's activity says so until the pause commits.
+    activity.control_taken(run_id=run.id, generation=run.generation, command="pause",
+                           actor=actor, source=source)
+    return run
 
 
 def ticket_revoke(*, ticket_id, actor: str, source: str,

@@ -8,9 +8,10 @@ from django.templatetags.static import static
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from runs.domain import bulk, catalogue, selectors
-from runs.domain.errors import InvalidRequest, RunNotFound
+from runs.domain import activity, bulk, catalogue, review, selectors
+from runs.domain.errors import InvalidRequest, RunNotFound, ServiceError
 from runs.domain.roles import is_operator, is_viewer
+from runs.models import EventKind, Source
 from runs.pages import filters, health
 from runs.pages import metrics as stop_metrics
 
@@ -139,7 +140,11 @@ def bulk_jobs(request):
 @viewer_required
 @require_GET
 def detail(request, run_id):
-    return render(request, "runs/detail.html", page_context(request, **run_panel(run_id)))
+    panel = run_panel(run_id)
+    entries = activity.run_activity(run_id=panel["run"].id, last=activity.SHOWN)
+    # The panel's re-renders leave the activity log out: the page keeps the one it grows.
+    return render(request, "runs/detail.html", page_context(
+        request, **panel, with_activity=True, entries=entries))
 
 
 @viewer_required
@@ -151,7 +156,75 @@ def panel(request, run_id):
 
 def run_panel(run_id) -> dict:
     try:
-        return selectors.run_page(run_id=run_id)
+        page = selectors.run_page(run_id=run_id)
+    except RunNotFound:
+        raise Http404("No such run.") from None
+    run = page["run"]
+    facts = activity.activity_facts(run_id=run.id)
+    events = page["events"]
+    changed = [event for event in events if event.kind in STATE_EVENTS]
+    # Newest first; a live request (a pause) shows where it was taken, before its effect.
+    timeline = sorted([*((event.at, 1, "event", event) for event in events),
+                       *((entry.at, 0, "request", entry) for entry in facts["live_requests"])],
+                      key=lambda item: item[:2], reverse=True)
+    return {**page, **facts,
+            "timeline": [(kind, item) for _, _, kind, item in timeline],
+            "state_since": changed[-1].at if changed else run.created_at,
+            "requests": control_rows(page["intents"], facts["live_requests"], events),
+            "current_attempt": next((a for a in page["attempts"] if a.closed_at is None),
+                                    None),
+            "reruns": list(selectors.runs().filter(rerun_of_id=run.id).select_related(None)
+                           .order_by("created_at").only("id", "created_at")),
+            "review_links": review.review_links(run_id=run.id)}
+
+
+# The events after which a run is in a new state (a step or a request changes none).
+STATE_EVENTS = {EventKind.CREATED, EventKind.STARTED, EventKind.PAUSED, EventKind.RESUMED,
+                EventKind.REQUEUED, EventKind.ENDED}
+
+
+def control_rows(intents, live_requests, events) -> list[dict]:
+    """The control requests of a run, oldest first: the durable ones (cancel, stop) with
+    their requested, delivered and committed times, and the live ones its attempts took
+    (pauses), committed when the attempt that took one paused."""
+    rows = [{"action": intent.action, "by": intent.requested_by,
+             "source": intent.get_source_display(), "reason": intent.reason or "",
+             "at": intent.requested_at, "delivered": intent.delivered_at,
+             "committed": intent.applied_at} for intent in intents]
+    sources = dict(Source.choices)
+    for entry in live_requests:
+        data = entry.data or {}
+        paused = next((event.at for event in events if event.kind == EventKind.PAUSED
+                       and event.generation == entry.generation and event.at >= entry.at),
+                      None)
+        rows.append({"action": data.get("action", "pause"), "by": data.get("actor") or "",
+                     "source": sources.get(data.get("source"), data.get("source") or ""),
+                     "reason": "", "at": entry.at, "delivered": entry.at,
+                     "committed": paused})
+    return sorted(rows, key=lambda row: row["at"])
+
+
+@viewer_required
+@require_GET
+def activity_log(request, run_id):
+    """A run's activity log: its newest entries, or with ``?all=1`` every one kept."""
+    run = run_panel_run(run_id)
+    if "after" in request.GET:  # the entries the page has not shown yet, as list items
+        after = request.GET["after"]
+        if not after.isdigit():
+            raise BadRequest("after is a sequence number.")
+        return render(request, "runs/_activity_entries.html", {
+            "entries": activity.run_activity(run_id=run.id, after=int(after))[:activity.SHOWN]})
+    shown_all = request.GET.get("all") == "1"
+    entries = activity.run_activity(run_id=run.id, last=None if shown_all else activity.SHOWN)
+    return render(request, "runs/activity.html" if shown_all else "runs/_activity.html", {
+        "run": run, "entries": entries, "shown_all": shown_all,
+        "activity_total": activity.activity_count(run_id=run.id)})
+
+
+def run_panel_run(run_id):
+    try:
+        return selectors.run_get(run_id)
     except RunNotFound:
         raise Http404("No such run.") from None
 
@@ -175,3 +248,31 @@ def healthz(request):
     answered within a second whatever the load (``runs.pages.health``)."""
     now = health.prober.current()
     return JsonResponse(now.as_json(), status=200 if now.db == "ok" else 503)
+
+
+def wants_html(request) -> bool:
+    """A browser asking for a page (it lists text/html before any JSON), not a script."""
+    accept = request.headers.get("Accept", "")
+    html, json_ = accept.find("text/html"), accept.find("application/json")
+    return html >= 0 and (json_ < 0 or html < json_)
+
+
+# A link that cannot be used says why, with the status the JSON answer has.
+LINK_PROBLEMS = {"link_expired": "This link has expired.", "link_used": "This link was "
+                 "already used.", "link_revoked": "This link was withdrawn.",
+                 "not_awaiting": "This request was already answered, or the run ended.",
+                 "not_found": "There is no such review link."}
+
+
+@require_GET
+def review_page(request, token):
+    """The page a reviewer without an account opens: the run's agent and the ticket's
+    prompt, nothing else; it answers through the same link (``runs.api.review``)."""
+    try:
+        found = review.review_link_open(token=token)
+    except ServiceError as error:
+        return render(request, "runs/review.html", {
+            "problem": LINK_PROBLEMS.get(error.code, error.message)}, status=error.status)
+    return render(request, "runs/review.html", {"review": found})
+
+

@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 from runs.domain.catalogue import register
@@ -71,6 +72,24 @@ class Context:
         self._step_tokens = 0
         self._step_data: dict = {}  # what the step's event records: replies, tool calls
         self._output: LiveOutput | None = None
+        self.activity_pending: list[dict] = []  # entries the host has yet to write
+        self.activity_writer = None  # the host's task that writes them
+
+    # --- the activity log ----------------------------------------------------------------
+
+    def log(self, text: str, **data) -> None:
+        """Write a line to the run's activity log, shown live on its page (``data``: a few
+        small JSON fields to go with it). Not committed with a step: kept even if the step
+        is not, and never read back by the run."""
+        self._activity("log", text=str(text), data=data or None)
+
+    def progress(self, done: int, total: int | None = None, text: str = "") -> None:
+        """Say how far the run is: the page shows "step ``done`` of ``total``"."""
+        self._activity("progress", text=text,
+                       data={"done": int(done), "total": None if total is None else int(total)})
+
+    def _activity(self, kind: str, **entry) -> None:
+        self._host.activity(self, {"kind": kind, "at": _now(), **entry})
 
     # --- steps -----------------------------------------------------------------------
 
@@ -81,17 +100,25 @@ class Context:
         await self._host.before_step(self)
         self._step_tokens = 0
         self._step_data = {}
+        started, at = time.perf_counter(), _now()
         yield
         self._check()
         await self._host.commit_step(self, tokens=self._step_tokens,
                                      data=self._step_data or None)
+        steps = (getattr(self, "usage", None) or {}).get("steps")
+        self._activity("step", at=at, text=f"step {steps}" if steps else "step",
+                       ms=(time.perf_counter() - started) * 1000, tokens=self._step_tokens)
 
     # --- waits, each raced against the token --------------------------------------------
 
     async def infer(self, call: Awaitable | Callable[[], Awaitable], *, tokens: int = 0):
         """Await a model call; ``tokens`` (or the result's ``tokens`` attribute) is counted."""
+        started, at = time.perf_counter(), _now()
         result = await self.race(call() if callable(call) else call)
-        self._step_tokens += getattr(result, "tokens", None) or tokens
+        used = getattr(result, "tokens", None) or tokens
+        self._step_tokens += used
+        self._activity("model", at=at, text=getattr(result, "model", None) or "inference",
+                       ms=(time.perf_counter() - started) * 1000, tokens=used)
         return result
 
     async def chat(self, messages: Iterable[dict], *, model: str | None = None,
@@ -108,6 +135,7 @@ class Context:
         specs = [item if isinstance(item, dict) else as_tool(item).spec()
                  for item in tools or ()]
         live = self._live_output().open() if stream else None
+        at = _now()
         call = self._host.provider.chat(
             messages, model=model, tools=specs or None, stream=stream, timeout=timeout,
             on_delta=live.write if live else None,
@@ -122,6 +150,11 @@ class Context:
             live.close(keep=True)
         self._step_tokens += reply.tokens
         self._step_data.setdefault("replies", []).append(_reply_record(reply))
+        self._activity("model", at=at, text=reply.model or model or "model",
+                       ms=reply.seconds * 1000, tokens=reply.tokens, data={
+                           "finish_reason": reply.finish_reason, "tries": reply.tries,
+                           **({"tools": [call.name for call in reply.tool_calls]}
+                              if reply.tool_calls else {})})
         return reply
 
     async def converse(self, messages: Iterable[dict], *, tools: Iterable = (),
@@ -166,7 +199,7 @@ class Context:
 
     async def _timed(self, fn: Callable, args, kwargs, *, name: str, call_id=None):
         record: dict = {"name": name, **({"call_id": call_id} if call_id else {})}
-        started = time.perf_counter()
+        started, at = time.perf_counter(), _now()
         try:
             if inspect.iscoroutinefunction(fn):
                 result = await self.race(fn(*args, **kwargs))
@@ -184,6 +217,9 @@ class Context:
             if "ok" in record:
                 record["ms"] = round((time.perf_counter() - started) * 1000, 2)
                 self._step_data.setdefault("tools", []).append(record)
+                self._activity("tool", at=at, text=name, ms=record["ms"], data={
+                    "ok": record["ok"], **({"error": record["error"]}
+                                           if "error" in record else {})})
 
     async def _tool_call(self, toolbox: Toolbox, call: ToolCall) -> str:
         """Run one tool the model asked for; its result (or error) as the text to send."""
@@ -273,6 +309,10 @@ class Context:
                                       token=self.token, publish=self._host.publish_output,
                                       per_second=self._host.output_per_second)
         return self._output
+
+
+def _now():
+    return datetime.now(UTC)
 
 
 def _answered(conversation: list[dict]) -> bool:

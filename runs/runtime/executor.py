@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import threading
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -21,7 +22,7 @@ from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 
 from runs import changes, domain
-from runs.domain import selectors
+from runs.domain import activity, selectors
 from runs.domain.catalogue import CATALOGUE
 from runs.domain.core import Ending
 from runs.domain.errors import Fenced
@@ -128,7 +129,7 @@ class Executor:
 
     async def _attempt(self, entry: Entry, view):
         run_id, generation, token = entry.run_id, entry.generation, entry.token
-        timer = None
+        timer = ctx = None
         try:
             ctx = Context(run_id=run_id, generation=generation, input=view.input,
                           state=view.agent_state, resume=view.resume, token=token, host=self)
@@ -157,10 +158,17 @@ class Executor:
             pass
         except Exception as error:
             log.info("run %s attempt %s failed", run_id, generation, exc_info=True)
-            await self._fail(run_id, generation, f"{type(error).__name__}: {error}")
+            summary = f"{type(error).__name__}: {error}"
+            if ctx is not None:  # the traceback goes to the activity log, before the end
+                ctx._activity("error", text=summary, data={
+                    "traceback": traceback.format_exc()[-activity.TRACEBACK:]})
+                await self._activity_flushed(ctx)
+            await self._fail(run_id, generation, summary)
         finally:
             if timer is not None:
                 timer.cancel()
+            if ctx is not None:
+                await self._activity_flushed(ctx)
             self.children.pop((run_id, generation), None)  # children not waited for run on
             self.registry.unregister(run_id, generation)
 
@@ -190,7 +198,8 @@ class Executor:
     async def before_step(self, ctx: Context) -> None:
         ctx._check()
         if ctx.entry.pause_requested.is_set():
-            await self.pause(ctx, reason="manual_pause", prompt=None)
+            await self.pause(ctx, reason="manual_pause", prompt=None,
+                             source=ctx.entry.pause_source)
             raise Paused()
         view = ctx.view
         if view.max_steps is not None and ctx.usage["steps"] >= view.max_steps:
@@ -208,11 +217,16 @@ class Executor:
             raise
         ctx.usage = {"steps": run.steps, "tokens": run.tokens}
 
-    async def pause(self, ctx: Context, *, reason: str, prompt, schema=None) -> None:
+    async def pause(self, ctx: Context, *, reason: str, prompt, schema=None,
+                    source: str | None = None) -> None:
+        """Pause the run: asked by the agent (``wait_for_input``: the worker's doing), or
+        an operator's pause taken at a step boundary, in that operator's name and source."""
+        await self._activity_flushed(ctx)
         ticket = await self.db(domain.attempt_pause, run_id=ctx.run_id,
                                generation=ctx.generation, reason=reason, prompt=prompt,
                                schema=schema, agent_state=ctx.state,
-                               actor=ctx.entry.pause_actor)
+                               actor=ctx.entry.pause_actor if source else None,
+                               source=source or "worker")
         why = ctx.token.why
         if ticket is not None and why is not None and why.kind == "command":
             # A live-only cancel (no intent) taken while the pause committed: the run is
@@ -231,6 +245,29 @@ class Executor:
             if item is not None:
                 return item.message
             await ctx.race(entry.arrival())
+
+    def activity(self, ctx: Context, entry: dict) -> None:
+        """Take an entry of the attempt's activity log; a task writes them in order, a few
+        at a time, off the agent's path (``runs.domain.activity``)."""
+        ctx.activity_pending.append(entry)
+        if ctx.activity_writer is None or ctx.activity_writer.done():
+            ctx.activity_writer = self.loop.create_task(self._write_activity(ctx))
+
+    async def _write_activity(self, ctx: Context) -> None:
+        while ctx.activity_pending:
+            batch, ctx.activity_pending = ctx.activity_pending, []
+            try:
+                await self.db(activity.activity_record, run_id=ctx.run_id,
+                              generation=ctx.generation, entries=batch)
+            except Exception:  # a record, not state: the run goes on without it
+                log.warning("run %s: activity not recorded", ctx.run_id, exc_info=True)
+
+    async def _activity_flushed(self, ctx: Context) -> None:
+        """Wait (a bounded time) for the entries taken so far to be written, so that what
+        the agent did is on record before the run's end or pause is."""
+        writer = ctx.activity_writer
+        if writer is not None and not writer.done():
+            await asyncio.wait({writer}, timeout=5)
 
     @property
     def provider(self) -> ChatClient:

@@ -23,6 +23,7 @@ class Entry:
     loop: asyncio.AbstractEventLoop | None = None  # the loop the attempt runs on
     pause_requested: threading.Event = field(default_factory=threading.Event)
     pause_actor: str | None = None
+    pause_source: str | None = None
     inbox: deque = field(default_factory=deque)  # InboxItem, oldest first
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -112,6 +113,7 @@ class Registry:
             entry.token.cancel(Why("command", actor=actor, source=source, at=timezone.now()))
         elif command == "pause":
             entry.pause_actor = actor
+            entry.pause_source = source
             entry.pause_requested.set()
             entry.post(None)  # an attempt waiting on its inbox takes the pause at once
         elif command == "wake":

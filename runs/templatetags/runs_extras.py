@@ -1,6 +1,10 @@
 """Display helpers for run templates."""
 
+import json
+
 from django import template
+
+from runs.models import Source
 
 register = template.Library()
 
@@ -44,3 +48,76 @@ def allows(run, action) -> bool:
     """Whether ``run``'s state allows ``action`` (``Run.allowed_actions``); with no run, as
     in the row template the page clones, nothing is allowed."""
     return run is not None and action in run.allowed_actions
+
+
+@register.filter
+def pretty_json(value) -> str:
+    """A JSON value as people read it: indented, keys in their order, text unescaped."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+@register.filter
+def duration_text(ms) -> str:
+    """A duration in milliseconds, short: "840 ms", "2.4 s", "3 min 05 s"."""
+    if ms is None or ms == "":
+        return ""
+    ms = float(ms)
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    minutes, seconds = divmod(round(ms / 1000), 60)
+    return f"{minutes} min {seconds:02d} s"
+
+
+@register.filter
+def seconds_between(later, earlier) -> float | str:
+    """Milliseconds between two times, for ``duration_text``; "" if either is unknown."""
+    if not later or not earlier:
+        return ""
+    return (later - earlier).total_seconds() * 1000
+
+
+@register.filter
+def attr_seq(entry) -> int:
+    return entry.seq if entry is not None else 0
+
+
+@register.filter
+def activity_detail(entry) -> str:
+    """The small print of an activity entry: a tool's error, the tools a model asked for,
+    progress, who asked for a pause."""
+    if entry is None:
+        return ""
+    data = entry.data or {}
+    if entry.kind == "tool" and data.get("ok") is False:
+        return f"failed: {data.get('error', '')}"
+    if entry.kind == "model" and data.get("tools"):
+        return "asked for " + ", ".join(data["tools"])
+    if entry.kind == "progress" and data.get("done") is not None:
+        total = data.get("total")
+        return f"step {data['done']} of {total}" if total else f"step {data['done']}"
+    if entry.kind == "control":
+        who = f"by {data['actor']}" if data.get("actor") else ""
+        where = f"via {source_label(data['source'])}" if data.get("source") else ""
+        return " ".join(part for part in (who, where) if part)
+    if entry.kind == "log" and data:
+        return json.dumps(data, ensure_ascii=False, default=str)
+    return ""
+
+
+@register.filter
+def activity_figures(entry) -> str:
+    """What an entry cost: "1.2 s · 340 tokens · gen 2"."""
+    if entry is None:
+        return ""
+    parts = [duration_text(entry.ms) if entry.ms is not None else "",
+             f"{entry.tokens} tokens" if entry.tokens else "",
+             f"gen {entry.generation}" if entry.generation else ""]
+    return " · ".join(part for part in parts if part)
+
+
+@register.filter
+def source_label(value) -> str:
+    """A request's source as people read it ("Browser", "REST API")."""
+    return dict(Source.choices).get(value, value or "")

@@ -1,63 +1,386 @@
-// The control buttons of a run's row (list and run page) and the Stop and Resume dialogs.
+// The control buttons of a run's row (list and run page), the Stop and Resume dialogs, and
+// what each request shows while it goes: a button is disabled while its request is in
+// flight, a cancel waits a few seconds with Undo and "Cancel now", and a pause that waits
+// for the current step says so until the run is paused. Which buttons a run shows is the
+// server's `actions` (common.js showActions); nothing here decides it.
 
-import { $, api, setField, toast } from "./common.js";
+import { $, csrfToken, setField, toast } from "./common.js";
+
+const CANCEL_GRACE_MS = 4000;
+
+// A request to the REST API: {status, data}; an error answer throws with its detail.
+export async function send(method, path, body) {
+  const response = await fetch(path, {
+    method,
+    credentials: "same-origin",
+    headers: { "Content-Type": "application/json", Accept: "application/json",
+               "X-CSRFToken": csrfToken() },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    const problem = new Error(data.detail || `HTTP ${response.status}`);
+    problem.status = response.status;
+    problem.data = data;
+    throw problem;
+  }
+  return { status: response.status, data };
+}
+
+// Disable `button` while `work` runs (and mark it busy for assistive technology).
+export async function busy(button, work) {
+  if (button) {
+    button.disabled = true;
+    button.setAttribute("aria-busy", "true");
+  }
+  try {
+    return await work();
+  } finally {
+    if (button && button.isConnected) {
+      button.disabled = false;
+      button.removeAttribute("aria-busy");
+    }
+  }
+}
+
+// A message with buttons at the bottom of the page (an undo); one at a time per run.
+function notice(id, text, choices) {
+  let box = document.querySelector(`.toast.notice[data-for="${id}"]`);
+  if (!box) {
+    box = document.createElement("div");
+    box.className = "toast notice";
+    box.dataset.for = id;
+    box.setAttribute("role", "status");
+    document.body.append(box);
+  }
+  box.replaceChildren(Object.assign(document.createElement("span"), { textContent: text }));
+  for (const [label, action] of choices) {
+    const button = Object.assign(document.createElement("button"), {
+      type: "button", textContent: label });
+    button.dataset.notice = action;
+    box.append(" ", button);
+  }
+  return box;
+}
 
 export function controls(apply) {
   const stopDialog = $("#stop-dialog");
   const resumeDialog = $("#resume-dialog");
+  const inFlight = new Set();  // "runId action" of requests not answered yet
+  const asked = new Map();  // runId -> {action, state}: taken, not yet in effect (a pause)
+  const cancels = new Map();  // runId -> timer of a cancel still in its grace period
   let target = null;
 
-  async function act(path, body) {
-    try {
-      apply(await api("POST", path, body));
-    } catch (problem) {
-      toast(problem.message);
+  const rows = (id) => document.querySelectorAll(`tr.run[data-run-id="${id}"]`);
+
+  // Put each control button in the state its run's requests give it.
+  function reflect() {
+    for (const button of document.querySelectorAll("tr.run button[data-action]")) {
+      const row = button.closest("tr.run");
+      const id = row.dataset.runId;
+      const action = button.dataset.action;
+      if (!button.dataset.label) button.dataset.label = button.textContent;
+      const waiting = asked.get(id);
+      const pendingHere = waiting && waiting.action === action && waiting.state === row.dataset.state;
+      const cancelling = action === "cancel" && cancels.has(id);
+      const disabled = inFlight.has(`${id} ${action}`) || pendingHere || cancelling;
+      if (button.disabled !== disabled) button.disabled = disabled;
+      const label = pendingHere ? `${button.dataset.label} requested…`
+        : cancelling ? "Cancelling…"
+          : inFlight.has(`${id} ${action}`) ? `${button.dataset.label}…` : button.dataset.label;
+      if (button.textContent !== label) button.textContent = label;  // (no mutation loop)
     }
   }
 
+  // Rows change under us (pushes patch them, the run page re-renders its panel): a request
+  // that took effect is forgotten, and the buttons are put right again.
+  new MutationObserver(() => {
+    for (const [id, waiting] of asked) {
+      const row = rows(id)[0];
+      if (row && row.dataset.state !== waiting.state) asked.delete(id);
+    }
+    reflect();
+  }).observe(document.body, { subtree: true, childList: true, attributeFilter: ["data-state"] });
+
+  async function act(id, action, path, body) {
+    const key = `${id} ${action}`;
+    if (inFlight.has(key)) return null;
+    inFlight.add(key);
+    reflect();
+    try {
+      const answer = await send("POST", path, body);
+      apply(answer.data);
+      return answer;
+    } catch (problem) {
+      if (problem.data && problem.data.run) apply(problem.data.run);
+      toast(problem.message);
+      return null;
+    } finally {
+      inFlight.delete(key);
+      reflect();
+    }
+  }
+
+  function cancelNow(id) {
+    clearTimeout(cancels.get(id));
+    cancels.delete(id);
+    const box = document.querySelector(`.toast.notice[data-for="${id}"]`);
+    if (box) {
+      clearInterval(box.ticker);
+      box.remove();
+    }
+    act(id, "cancel", `/api/runs/${id}/cancel/?wait=2`, {});
+  }
+
+  function cancelLater(id) {
+    if (cancels.has(id)) return;
+    const due = Date.now() + CANCEL_GRACE_MS;
+    const box = notice(id, "", [["Undo", "undo"], ["Cancel now", "now"]]);
+    const say = () => {
+      const left = Math.max(0, Math.ceil((due - Date.now()) / 1000));
+      box.firstChild.textContent = `Cancelling run ${id.slice(0, 8)} in ${left} s.`;
+    };
+    say();
+    const ticker = setInterval(say, 250);
+    cancels.set(id, setTimeout(() => {
+      clearInterval(ticker);
+      cancelNow(id);
+    }, CANCEL_GRACE_MS));
+    box.ticker = ticker;
+    box.querySelector("button")?.focus();
+    reflect();
+  }
+
   document.addEventListener("click", (event) => {
+    const choice = event.target.closest(".toast.notice [data-notice]");
+    if (choice) {
+      const id = choice.closest(".toast.notice").dataset.for;
+      if (choice.dataset.notice === "now") return cancelNow(id);
+      clearTimeout(cancels.get(id));
+      cancels.delete(id);
+      clearInterval(choice.closest(".toast.notice").ticker);
+      choice.closest(".toast.notice").remove();
+      toast(`Run ${id.slice(0, 8)} was not cancelled.`);
+      return reflect();
+    }
     const button = event.target.closest("tr.run [data-action]");
-    if (!button) return;
+    if (!button || button.disabled) return;
     const row = button.closest("tr.run");
     const id = row.dataset.runId;
     target = row;
     switch (button.dataset.action) {
-      case "cancel": act(`/api/runs/${id}/cancel/?wait=2`, {}); break;
-      case "pause": act(`/api/runs/${id}/pause/?wait=5`); break;
-      case "stop":
-        if (!stopDialog) return;
-        setField(stopDialog, "stop-run", id.slice(0, 8));
-        stopDialog.querySelector('[name="reason"]').value = "";
-        stopDialog.showModal();
-        break;
-      case "resume":
-        if (!resumeDialog) return;
-        setField(resumeDialog, "resume-run", id.slice(0, 8));
-        resumeDialog.querySelector('[name="resume_input"]').value =
-          row.dataset.ticketReason === "approval" ? '{"approved": true}' : "";
-        resumeDialog.showModal();
-        break;
+      case "cancel": cancelLater(id); break;
+      case "pause": pause(id); break;
+      case "stop": openStop(id); break;
+      case "resume": openResume(row); break;
     }
   });
 
-  stopDialog?.addEventListener("close", () => {
+  // A cancel still in its grace period when the page goes away is sent on the way out.
+  addEventListener("pagehide", () => {
+    for (const id of cancels.keys()) {
+      fetch(`/api/runs/${id}/cancel/`, {
+        method: "POST", keepalive: true, credentials: "same-origin", body: "{}",
+        headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken() } });
+    }
+  });
+
+  async function pause(id) {
+    const answer = await act(id, "pause", `/api/runs/${id}/pause/?wait=2`);
+    if (!answer) return;
+    if (answer.status === 202) {
+      asked.set(id, { action: "pause", state: "running" });
+      reflect();
+      toast("Pause requested: it takes effect when the current step ends.");
+    } else {
+      toast(`Run ${id.slice(0, 8)} is paused.`);
+    }
+  }
+
+  // --- Stop ---------------------------------------------------------------------------
+
+  function openStop(id) {
+    if (!stopDialog) return;
+    setField(stopDialog, "stop-run", id.slice(0, 8));
+    setField(stopDialog, "dialog-error", "");
+    stopDialog.querySelector('[name="reason"]').value = "";
+    stopDialog.showModal();
+  }
+
+  stopDialog?.addEventListener("submit", async (event) => {
+    const confirmed = event.submitter && event.submitter.value === "confirm";
+    if (!confirmed || !target) return;
+    event.preventDefault();  // the dialog stays open until the server answers
     const reason = stopDialog.querySelector('[name="reason"]').value.trim();
-    if (stopDialog.returnValue === "confirm" && target && reason) {
-      act(`/api/runs/${target.dataset.runId}/stop/?wait=2`, { reason });
-    }
-  });
-
-  resumeDialog?.addEventListener("close", () => {
-    if (resumeDialog.returnValue !== "confirm" || !target) return;
-    const raw = resumeDialog.querySelector('[name="resume_input"]').value.trim();
-    let input = null;
-    try {
-      input = raw ? JSON.parse(raw) : null;
-    } catch (problem) {
-      toast(`Input is not valid JSON: ${problem.message}`);
+    if (!reason) {
+      setField(stopDialog, "dialog-error", "Give a reason.");
       return;
     }
-    act(`/api/runs/${target.dataset.runId}/resume/`, { ticket: target.dataset.ticket, input });
+    const id = target.dataset.runId;
+    await busy(event.submitter, async () => {
+      try {
+        apply((await send("POST", `/api/runs/${id}/stop/?wait=2`, { reason })).data);
+        stopDialog.close("done");
+      } catch (problem) {
+        setField(stopDialog, "dialog-error", problem.message);
+      }
+    });
   });
+
+  // --- Resume: the ticket's prompt, Approve / Reject, a form from its schema ---------------
+
+  let ticket = null;
+
+  async function openResume(row) {
+    if (!resumeDialog) return;
+    const id = row.dataset.runId;
+    target = row;
+    ticket = null;
+    setField(resumeDialog, "resume-run", id.slice(0, 8));
+    setField(resumeDialog, "dialog-error", "");
+    setField(resumeDialog, "resume-why", "");
+    const promptBox = resumeDialog.querySelector('[data-field="resume-prompt"]');
+    const form = resumeDialog.querySelector('[data-field="schema-form"]');
+    const raw = resumeDialog.querySelector('[data-field="raw-input"]');
+    const reject = resumeDialog.querySelector('[data-action="reject-resume"]');
+    const confirm = resumeDialog.querySelector('[data-action="confirm-resume"]');
+    promptBox.hidden = true;
+    form.hidden = true;
+    raw.hidden = false;
+    reject.hidden = true;
+    confirm.textContent = "Resume";
+    resumeDialog.querySelector('[name="resume_input"]').value = "";
+    resumeDialog.showModal();
+    try {  // the ticket as the server has it now: its prompt and schema
+      ticket = (await send("GET", `/api/runs/${id}/`)).data.ticket;
+    } catch (problem) {
+      setField(resumeDialog, "dialog-error", problem.message);
+      return;
+    }
+    if (!ticket) {
+      setField(resumeDialog, "dialog-error", "The run has no open ticket any more.");
+      return;
+    }
+    const why = { approval: "The agent asks for approval.", input: "The agent asks for input.",
+                  manual_pause: "Paused by an operator." }[ticket.reason] || "";
+    setField(resumeDialog, "resume-why", why);
+    if (ticket.prompt !== null && ticket.prompt !== undefined) {
+      promptBox.textContent = JSON.stringify(ticket.prompt, null, 2);
+      promptBox.hidden = false;
+    }
+    if (ticket.reason === "approval") {
+      raw.hidden = true;
+      reject.hidden = false;
+      confirm.textContent = "Approve";
+    } else if (ticket.schema && schemaForm(form, ticket.schema)) {
+      form.hidden = false;
+      raw.hidden = true;
+      form.querySelector("input, select, textarea")?.focus();
+    }
+  }
+
+  resumeDialog?.addEventListener("submit", async (event) => {
+    const choice = event.submitter ? event.submitter.value : "";
+    if (!["confirm", "reject"].includes(choice) || !target) return;
+    event.preventDefault();
+    let input;
+    try {
+      input = resumeInput(choice);
+    } catch (problem) {
+      setField(resumeDialog, "dialog-error", problem.message);
+      return;
+    }
+    const id = target.dataset.runId;
+    const ticketId = ticket ? ticket.id : target.dataset.ticket;
+    await busy(event.submitter, async () => {
+      try {
+        apply((await send("POST", `/api/runs/${id}/resume/`, { ticket: ticketId, input })).data);
+        resumeDialog.close("done");
+        toast(choice === "reject" ? "Rejected: the run goes on with your answer."
+          : `Run ${id.slice(0, 8)} resumed.`);
+      } catch (problem) {
+        setField(resumeDialog, "dialog-error", problem.message);
+      }
+    });
+  });
+
+  function resumeInput(choice) {
+    if (ticket && ticket.reason === "approval") return { approved: choice === "confirm" };
+    const form = resumeDialog.querySelector('[data-field="schema-form"]');
+    if (!form.hidden) return formValue(form, ticket.schema);
+    const raw = resumeDialog.querySelector('[name="resume_input"]').value.trim();
+    try {
+      return raw ? JSON.parse(raw) : null;
+    } catch (problem) {
+      throw new Error(`Input is not valid JSON: ${problem.message}`);
+    }
+  }
+
+  reflect();
+  return { openResume, send };
 }
 
+// --- a form for the JSON Schema an agent declares -------------------------------------------
+
+// Fields for an object schema whose properties are strings, numbers, integers, booleans or
+// enums; false (and the page falls back to JSON) for anything else. The server checks the
+// input against the schema on resume; the form only helps to write it.
+export function schemaForm(box, schema) {
+  const properties = schema && schema.type === "object" && schema.properties;
+  if (!properties) return false;
+  const simple = ["string", "number", "integer", "boolean"];
+  if (!Object.values(properties).every((p) => p && (simple.includes(p.type) || p.enum))) return false;
+  const required = new Set(schema.required || []);
+  box.replaceChildren(Object.assign(document.createElement("legend"), { textContent: "Input" }));
+  for (const [name, property] of Object.entries(properties)) {
+    const label = document.createElement("label");
+    const title = property.title || name;
+    label.append(`${title}${required.has(name) ? " *" : ""} `);
+    let field;
+    if (property.enum) {
+      field = document.createElement("select");
+      if (!required.has(name)) field.append(new Option("", ""));
+      for (const value of property.enum) field.append(new Option(String(value), JSON.stringify(value)));
+    } else if (property.type === "boolean") {
+      field = Object.assign(document.createElement("input"), { type: "checkbox" });
+      label.classList.add("check");
+    } else if (property.type === "string" && (property.maxLength || 0) > 200) {
+      field = Object.assign(document.createElement("textarea"), { rows: 3 });
+    } else {
+      field = document.createElement("input");
+      field.type = property.type === "string" ? "text" : "number";
+      if (property.type === "integer") field.step = "1";
+      if (property.type === "number") field.step = "any";
+      if (property.minimum !== undefined) field.min = property.minimum;
+      if (property.maximum !== undefined) field.max = property.maximum;
+      if (property.maxLength) field.maxLength = property.maxLength;
+    }
+    field.name = `schema:${name}`;
+    if (required.has(name) && property.type !== "boolean") field.required = true;
+    if (property.default !== undefined) {
+      if (field.type === "checkbox") field.checked = Boolean(property.default);
+      else field.value = property.enum ? JSON.stringify(property.default) : property.default;
+    }
+    label.append(field);
+    if (property.description) {
+      label.append(Object.assign(document.createElement("small"), {
+        className: "muted", textContent: property.description }));
+    }
+    box.append(label);
+  }
+  return true;
+}
+
+export function formValue(box, schema) {
+  const value = {};
+  for (const [name, property] of Object.entries(schema.properties)) {
+    const field = box.querySelector(`[name="schema:${CSS.escape(name)}"]`);
+    if (!field) continue;
+    if (field.type === "checkbox") value[name] = field.checked;
+    else if (field.value === "") continue;
+    else if (property.enum) value[name] = JSON.parse(field.value);
+    else if (property.type === "number" || property.type === "integer") value[name] = Number(field.value);
+    else value[name] = field.value;
+  }
+  return value;
+}

@@ -1,8 +1,80 @@
 // A run's page: its panel re-rendered by the server on each committed change of the run or
-// its children, the controls, and the live (uncommitted) output of its model calls.
+// its children, the controls, the activity log as it grows, the live (uncommitted) output
+// of its model calls, and times shown in the reader's own zone.
 
-import { $, Live, patchRow } from "./common.js";
-import { controls } from "./controls.js";
+import { $, Live, patchRow, toast } from "./common.js";
+import { controls, send } from "./controls.js";
+
+// --- times ----------------------------------------------------------------------------------
+// (relativeTime/absoluteTime belong in common.js; written here until the list page has them.)
+
+const zone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+const clock = new Intl.DateTimeFormat(undefined, {
+  hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false });
+const full = new Intl.DateTimeFormat(undefined, {
+  weekday: "short", year: "numeric", month: "short", day: "numeric", hour: "2-digit",
+  minute: "2-digit", second: "2-digit", fractionalSecondDigits: 3, hour12: false,
+  timeZoneName: "short" });
+const relative = new Intl.RelativeTimeFormat(undefined, { numeric: "auto" });
+
+export function absoluteTime(date) {
+  return full.format(date);
+}
+
+export function relativeTime(date, now = Date.now()) {
+  const seconds = Math.round((date.getTime() - now) / 1000);
+  const size = Math.abs(seconds);
+  if (size < 45) return relative.format(seconds, "second");
+  if (size < 2700) return relative.format(Math.round(seconds / 60), "minute");
+  if (size < 64800) return relative.format(Math.round(seconds / 3600), "hour");
+  return relative.format(Math.round(seconds / 86400), "day");
+}
+
+export function spanText(seconds) {
+  if (seconds < 60) return `${seconds.toFixed(seconds < 10 ? 1 : 0)} s`;
+  const minutes = Math.floor(seconds / 60);
+  if (minutes < 60) return `${minutes} min ${String(Math.floor(seconds % 60)).padStart(2, "0")} s`;
+  return `${Math.floor(minutes / 60)} h ${String(minutes % 60).padStart(2, "0")} min`;
+}
+
+// Every <time datetime> under `root`: the local clock (or "3 min ago" for data-relative),
+// the full local date, time and zone on hover.
+function localTimes(root = document) {
+  for (const node of root.querySelectorAll("time[datetime]")) {
+    const value = node.getAttribute("datetime");
+    if (!value) continue;
+    const date = new Date(value);
+    if (Number.isNaN(date.getTime())) continue;
+    node.title = absoluteTime(date);
+    node.textContent = "relative" in node.dataset ? relativeTime(date) : clock.format(date);
+  }
+  const note = $('[data-field="zone"]');
+  if (note) {
+    const offset = -new Date().getTimezoneOffset();
+    const sign = offset >= 0 ? "+" : "−";
+    const hours = String(Math.floor(Math.abs(offset) / 60)).padStart(2, "0");
+    const minutes = String(Math.abs(offset) % 60).padStart(2, "0");
+    note.textContent = `Times are in your zone, ${zone} (UTC${sign}${hours}:${minutes}); hover one for the full date.`;
+  }
+}
+
+// Tickers: time in the current state, running time (committed seconds + the live attempt).
+function tick() {
+  const now = Date.now();
+  for (const node of document.querySelectorAll("[data-ticker]")) {
+    const since = Date.parse(node.dataset.since);
+    if (Number.isNaN(since)) continue;
+    const seconds = Number(node.dataset.base || 0) + Math.max(0, (now - since) / 1000);
+    const text = spanText(seconds);
+    if (node.textContent !== text) node.textContent = text;
+  }
+  for (const node of document.querySelectorAll("time[data-relative][datetime]")) {
+    const text = relativeTime(new Date(node.getAttribute("datetime")), now);
+    if (node.textContent !== text) node.textContent = text;
+  }
+}
+
+// --- the panel ------------------------------------------------------------------------------
 
 function runPage(panel) {
   const runId = panel.dataset.runId;
@@ -11,7 +83,22 @@ function runPage(panel) {
     clearTimeout(pending);
     pending = setTimeout(async () => {
       const response = await fetch(`/runs/${runId}/panel/`, { credentials: "same-origin" });
-      if (response.ok) panel.innerHTML = await response.text();
+      if (!response.ok) return;
+      const open = [...panel.querySelectorAll("details[open] > summary")].map((s) => s.textContent);
+      const link = panel.querySelector('[data-field="new-link"]:not([hidden])');
+      const log = panel.querySelector("#activity:not([data-placeholder])");
+      const scrolled = log?.querySelector(".activity-log")?.scrollTop;
+      panel.innerHTML = await response.text();
+      if (log) {  // it grows on its own; moved back where it was, scrolled as it was
+        panel.querySelector("#activity")?.replaceWith(log);
+        log.querySelector(".activity-log").scrollTop = scrolled;
+      }
+      for (const summary of panel.querySelectorAll("details > summary")) {
+        if (open.includes(summary.textContent)) summary.parentElement.open = true;
+      }
+      if (link) panel.querySelector('[data-field="new-link"]')?.replaceWith(link);
+      localTimes(panel);
+      tick();
     }, 50);
   };
   const inTree = (run) => {
@@ -22,19 +109,138 @@ function runPage(panel) {
     if (message.type === "run.changed" && inTree(message.run)) refresh();
     if (message.type === "snapshot") refresh();
   });
-  return (run) => {
+  const apply = (run) => {
     const row = panel.querySelector(`tr.run[data-run-id="${run.id}"]`);
     if (row) patchRow(row, run);
     refresh();
   };
+  return { apply, refresh };
 }
 
-// --- a run's live output -------------------------------------------------------------------------
+// The panel's own buttons (outside the row): run again, approve / reject, answer, links.
+function panelActions(panel, page, control) {
+  const runId = panel.dataset.runId;
+  panel.addEventListener("click", async (event) => {
+    const button = event.target.closest("[data-run-action]");
+    if (!button || button.disabled) return;
+    const action = button.dataset.runAction;
+    const row = panel.querySelector(`tr.run[data-run-id="${runId}"]`);
+    const run = async (work) => {
+      button.disabled = true;
+      try {
+        await work();
+      } catch (problem) {
+        toast(problem.message);
+      } finally {
+        if (button.isConnected) button.disabled = false;
+      }
+    };
+    switch (action) {
+      case "rerun":
+        await run(async () => {
+          const again = (await send("POST", `/api/runs/${runId}/rerun/`)).data;
+          toast(`Started run ${again.id.slice(0, 8)}.`);
+          location.assign(again.url);
+        });
+        break;
+      case "approve":
+      case "reject":
+        await run(async () => {
+          page.apply((await send("POST", `/api/runs/${runId}/resume/`, {
+            ticket: row.dataset.ticket, input: { approved: action === "approve" } })).data);
+          toast(action === "approve" ? "Approved: the run goes on." : "Rejected.");
+        });
+        break;
+      case "answer":
+        control.openResume(row);
+        break;
+      case "make-link":
+        await run(async () => {
+          const link = (await send("POST", `/api/runs/${runId}/review-links/`, {})).data;
+          page.refresh();
+          const box = panel.querySelector('[data-field="new-link"]');
+          box.querySelector('[data-field="new-link-url"]').value = link.url;
+          box.hidden = false;
+          box.querySelector("input").select();
+        });
+        break;
+      case "copy-link":
+        await copy(panel.querySelector('[data-field="new-link-url"]').value, "Link copied.");
+        break;
+      case "revoke-link": {
+        const id = button.closest("[data-link-id]").dataset.linkId;
+        await run(async () => {
+          await send("POST", `/api/runs/${runId}/review-links/${id}/revoke/`);
+          toast("Link revoked: it can no longer be opened.");
+          page.refresh();
+        });
+        break;
+      }
+    }
+  });
+}
+
+async function copy(text, done) {
+  try {
+    await navigator.clipboard.writeText(text);
+    toast(done);
+  } catch {
+    toast("Copying is not allowed here: select the text and copy it.");
+  }
+}
+
+// --- the activity log -----------------------------------------------------------------------
+
+// Entries come as `run.activity` pushes on the run's socket; the page then asks the server
+// for the entries after the last one it shows, rendered by the same partial as at load.
+function activityLog(section) {
+  const list = section.querySelector(".activity-log");
+  let fetching = false;
+  let again = false;
+  const lastSeq = () => Number(list.lastElementChild?.dataset.seq || 0);
+  async function more() {
+    if (fetching) {
+      again = true;
+      return;
+    }
+    fetching = true;
+    try {
+      const response = await fetch(`/runs/${section.dataset.runId}/activity/?after=${lastSeq()}`,
+                                   { credentials: "same-origin" });
+      if (!response.ok) return;
+      const holder = document.createElement("ol");
+      holder.innerHTML = await response.text();
+      const fresh = [...holder.children].filter((item) => Number(item.dataset.seq) > lastSeq());
+      if (fresh.length) {
+        list.querySelector(".empty")?.remove();
+        const follow = list.scrollTop + list.clientHeight >= list.scrollHeight - 8;
+        list.append(...fresh);
+        localTimes(list);
+        if (follow) list.scrollTop = list.scrollHeight;
+        const count = section.querySelector('[data-field="activity-count"]');
+        if (count && !count.querySelector("a")) {
+          const n = list.querySelectorAll("li[data-seq]").length;
+          count.textContent = `${n} entr${n === 1 ? "y" : "ies"}`;
+        }
+      }
+    } finally {
+      fetching = false;
+      if (again) {
+        again = false;
+        more();
+      }
+    }
+  }
+  list.scrollTop = list.scrollHeight;
+  return more;
+}
+
+// --- the run's own socket: live output and activity ----------------------------------------
 
 // Text streamed by a model call comes on the run's own socket as `run.output` messages: not
 // committed state (no seq, nothing stored), so it is shown apart and dropped when a step
 // commits (its event holds the final message) or the run ends; after the end, none is shown.
-function liveOutput(box) {
+function runSocket(box, { onActivity, onControl }) {
   const text = box.querySelector('[data-field="live-output"]');
   let ended = box.dataset.state === "ended";
   let generation = 0;
@@ -70,12 +276,18 @@ function liveOutput(box) {
     if (ended) return;
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const socket = new WebSocket(`${scheme}://${location.host}/ws/runs/${box.dataset.runId}/`);
-    socket.onopen = () => { delay = 500; };
+    socket.onopen = () => {
+      delay = 500;
+      onActivity();  // what was written while the page was away
+    };
     socket.onmessage = (event) => {
       const message = JSON.parse(event.data);
       if (message.type === "snapshot" && message.runs.length) follow(message.runs[0], null);
       else if (message.type === "run.changed") follow(message.run, message.event);
-      else if (message.type === "run.output" && !ended && message.generation >= generation) {
+      else if (message.type === "run.activity") {
+        onActivity();
+        if (message.entries.some((entry) => entry.kind === "control")) onControl();
+      } else if (message.type === "run.output" && !ended && message.generation >= generation) {
         generation = message.generation;
         if (message.call !== call) {
           call = message.call;
@@ -83,7 +295,10 @@ function liveOutput(box) {
         }
         place(message.offset, message.delta);
       }
-      if (ended) socket.close();
+      if (ended) {
+        socket.close();
+        setTimeout(onActivity, 1000);  // the last entries, written with the end
+      }
     };
     socket.onclose = () => {
       if (!ended) setTimeout(() => connect(Math.min(delay * 2, 15000)), delay);
@@ -93,8 +308,24 @@ function liveOutput(box) {
   connect(500);
 }
 
+// --- wiring ---------------------------------------------------------------------------------
+
+document.addEventListener("click", (event) => {
+  const button = event.target.closest("[data-copy]");
+  if (button) copy(button.dataset.copy, "Run id copied.");
+});
+
+localTimes();
+tick();
+setInterval(tick, 1000);
 
 const panel = $("#panel");
-if (panel) controls(runPage(panel));
-const output = $("#live-output");
-if (output) liveOutput(output);
+const section = $("#activity[data-run-id]");
+const more = section ? activityLog(section) : () => {};
+if (panel) {
+  const page = runPage(panel);
+  const control = controls(page.apply);
+  panelActions(panel, page, control);
+  const output = $("#live-output");
+  if (output) runSocket(output, { onActivity: more, onControl: page.refresh });
+}

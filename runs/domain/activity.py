@@ -1,0 +1,113 @@
+"""A run's activity log: steps, model calls, tool calls and the agent's own lines.
+
+It is a record of what happened, not state: no transition reads it. The worker writes a
+few entries at a time as the attempt goes (``runs.runtime``), an operator's live request
+(a pause) is written when the attempt takes it, and each entry is pushed to the run's
+sockets after commit. A run keeps at most ``CAP`` entries: the next one written is a
+``truncated`` note, and later ones are dropped, so a chatty agent cannot fill the table.
+"""
+
+import json
+from functools import partial
+
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from runs.domain import ports
+from runs.domain.representation import activity_data
+from runs.models import Activity, ActivityKind
+
+CAP = 2000  # entries per run
+TEXT = 500  # characters of a line (the column's size)
+DATA = 2000  # bytes of an entry's data, encoded; a larger one is cut down to a note
+TRACEBACK = 8000  # characters of a traceback kept in an error entry
+
+
+def _clean(entry: dict) -> dict:
+    data = entry.get("data") or None
+    if data is not None:
+        limit = TRACEBACK + DATA if entry["kind"] == ActivityKind.ERROR else DATA
+        encoded = json.dumps(data, default=str)
+        data = json.loads(encoded) if len(encoded) <= limit else {
+            "truncated": True, "bytes": len(encoded)}
+    tokens = entry.get("tokens")
+    return {"kind": entry["kind"], "text": str(entry.get("text") or "")[:TEXT],
+            "ms": None if entry.get("ms") is None else round(float(entry["ms"]), 2),
+            "tokens": int(tokens) if tokens else None, "data": data,
+            "at": entry.get("at") or timezone.now()}
+
+
+def activity_record(*, run_id, generation: int, entries: list[dict]) -> list[Activity]:
+    """Append ``entries`` (dicts of kind, text, ms, tokens, data, at) to the run's log and
+    push them after commit. Returns the rows written (fewer once the run is at its cap)."""
+    if not entries:
+        return []
+    for kind in {entry["kind"] for entry in entries}:
+        if kind not in ActivityKind.values:
+            raise ValueError(f"unknown activity kind {kind!r}")
+    cleaned = [_clean(entry) for entry in entries]
+    for tries in range(3):
+        try:
+            with transaction.atomic():
+                rows = _append(run_id, generation, cleaned)
+                if rows:
+                    transaction.on_commit(partial(
+                        ports.changes.activity, run_id=run_id,
+                        entries=[activity_data(row) for row in rows]), robust=True)
+                return rows
+        except IntegrityError:  # another writer took the same numbers: number again
+            if tries == 2:
+                raise
+    return []
+
+
+def _append(run_id, generation: int, entries: list[dict]) -> list[Activity]:
+    last = Activity.objects.filter(run_id=run_id).aggregate(last=Max("seq"))["last"] or 0
+    rows = []
+    for entry in entries:
+        seq = last + len(rows) + 1
+        if seq > CAP + 1:
+            break
+        if seq == CAP + 1:
+            entry = {"kind": ActivityKind.TRUNCATED, "ms": None, "tokens": None,
+                     "text": f"The activity log keeps {CAP} entries; later ones are dropped.",
+                     "data": None, "at": entry["at"]}
+        rows.append(Activity(run_id=run_id, seq=seq, generation=generation, **entry))
+    return Activity.objects.bulk_create(rows)
+
+
+def control_taken(*, run_id, generation: int, command: str, actor: str | None,
+                  source: str | None) -> None:
+    """Note a live request the run's attempt took (a pause): who asked, from where."""
+    activity_record(run_id=run_id, generation=generation, entries=[{
+        "kind": ActivityKind.CONTROL, "text": f"{command} requested",
+        "data": {"action": command, "actor": actor, "source": source}}])
+
+
+def run_activity(*, run_id, after: int = 0, last: int | None = None) -> list[Activity]:
+    """The run's entries after ``after``, oldest first; ``last``: only the newest ones."""
+    entries = Activity.objects.filter(run_id=run_id, seq__gt=after)
+    if last is None:
+        return list(entries.order_by("seq"))
+    return list(entries.order_by("-seq")[:last])[::-1]
+
+
+def activity_count(*, run_id) -> int:
+    return Activity.objects.filter(run_id=run_id).aggregate(last=Max("seq"))["last"] or 0
+
+
+SHOWN = 200  # entries a run's page shows at first; the rest are one link away
+
+
+def activity_facts(*, run_id) -> dict:
+    """What a run's page shows from its activity beyond the log itself: the last progress
+    the agent gave, the error that failed an attempt (with its traceback), and the live
+    requests the attempts took (pauses), oldest first."""
+    entries = Activity.objects.filter(run_id=run_id)
+    return {
+        "progress": entries.filter(kind=ActivityKind.PROGRESS).order_by("-seq").first(),
+        "failure": entries.filter(kind=ActivityKind.ERROR).order_by("-seq").first(),
+        "live_requests": list(entries.filter(kind=ActivityKind.CONTROL).order_by("seq")),
+        "activity_total": activity_count(run_id=run_id),
+    }

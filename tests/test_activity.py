@@ -1,0 +1,157 @@
+"""A run's activity log: numbered per run, capped with one note, pushed after commit; the
+agent's ctx.log() and ctx.progress(), and the spans of steps, model calls and tools; the
+pages that show it, and a review link opened in a browser."""
+
+import asyncio
+
+import pytest
+from django.test import Client
+
+from runs import domain
+from runs.domain import activity, ports
+from runs.models import Activity, ActivityKind
+from runs.runtime.agent import Context
+from runs.runtime.token import CancellationToken
+from tests.factories import queued_run, running_run
+
+pytestmark = pytest.mark.django_db
+
+
+class Pushes:
+    def __init__(self):
+        self.sent = []
+
+    def activity(self, *, run_id, entries):
+        self.sent.append((str(run_id), entries))
+
+    def announce(self, *, changes):
+        pass
+
+    def bulk_changed(self, *, job):
+        pass
+
+
+@pytest.fixture
+def pushes(monkeypatch):
+    recorder = Pushes()
+    monkeypatch.setattr(ports, "changes", recorder)
+    return recorder
+
+
+def test_entries_are_numbered_per_run_and_pushed_after_commit(
+        pushes, django_capture_on_commit_callbacks):
+    run = queued_run()
+    with django_capture_on_commit_callbacks(execute=True):
+        activity.activity_record(run_id=run.id, generation=1, entries=[
+            {"kind": "log", "text": "hello", "data": {"n": 1}},
+            {"kind": "tool", "text": "search", "ms": 12.345, "data": {"ok": True}}])
+        assert pushes.sent == []  # nothing is pushed before the commit
+    activity.activity_record(run_id=run.id, generation=2, entries=[{"kind": "step", "ms": 5}])
+    rows = list(Activity.objects.filter(run=run).order_by("seq"))
+    assert [(row.seq, row.kind, row.generation) for row in rows] == [
+        (1, "log", 1), (2, "tool", 1), (3, "step", 2)]
+    assert rows[1].ms == 12.35
+    (run_id, entries), = pushes.sent
+    assert run_id == str(run.id) and [entry["seq"] for entry in entries] == [1, 2]
+
+
+def test_a_run_keeps_at_most_cap_entries_and_says_so_once(pushes, monkeypatch):
+    monkeypatch.setattr(activity, "CAP", 3)
+    run = queued_run()
+    for n in range(3):
+        activity.activity_record(run_id=run.id, generation=1,
+                                 entries=[{"kind": "log", "text": f"{n}"}, {"kind": "log"}])
+    kinds = list(Activity.objects.filter(run=run).order_by("seq").values_list("kind", flat=True))
+    assert kinds == ["log", "log", "log", ActivityKind.TRUNCATED]
+
+
+def test_large_data_and_text_are_cut_down(pushes):
+    run = queued_run()
+    activity.activity_record(run_id=run.id, generation=1, entries=[
+        {"kind": "log", "text": "x" * 900, "data": {"blob": "y" * 5000}}])
+    row = Activity.objects.get(run=run)
+    assert len(row.text) == activity.TEXT and row.data == {"truncated": True, "bytes": 5012}
+
+
+def test_an_unknown_kind_is_refused_and_nothing_is_written(pushes):
+    run = queued_run()
+    with pytest.raises(ValueError):
+        activity.activity_record(run_id=run.id, generation=1,
+                                 entries=[{"kind": "log"}, {"kind": "gossip"}])
+    assert not Activity.objects.filter(run=run).exists()
+
+
+class Host:
+    def __init__(self):
+        self.entries = []
+
+    async def before_step(self, ctx):
+        pass
+
+    async def commit_step(self, ctx, *, tokens, data=None):
+        ctx.usage = {"steps": 1, "tokens": tokens}
+
+    def activity(self, ctx, entry):
+        self.entries.append(entry)
+
+    async def run_sync_tool(self, fn, *args):
+        return fn(*args)
+
+
+def test_the_agent_logs_and_says_how_far_it_is_and_steps_are_timed():
+    host = Host()
+    ctx = Context(run_id="r", generation=1, input={}, state={}, resume=None,
+                  token=CancellationToken(), host=host)
+
+    async def agent():
+        ctx.progress(1, 3, "reading")
+        async with ctx.step():
+            ctx.log("looking", page=2)
+            await ctx.infer(asyncio.sleep(0, result="ok"), tokens=7)
+            await ctx.tool(len, "abc")
+
+    asyncio.run(agent())
+    assert [entry["kind"] for entry in host.entries] == ["progress", "log", "model", "tool",
+                                                         "step"]
+    progress, log, model, tool, step = host.entries
+    assert progress["data"] == {"done": 1, "total": 3} and progress["text"] == "reading"
+    assert log["text"] == "looking" and log["data"] == {"page": 2}
+    assert model["tokens"] == 7 and model["ms"] >= 0
+    assert tool["text"] == "len" and tool["data"] == {"ok": True}
+    assert step["text"] == "step 1" and step["tokens"] == 7 and step["at"] <= tool["at"]
+
+
+def test_the_activity_partial_gives_the_entries_after_a_seq(operator, pushes):
+    op_client = Client()
+    op_client.force_login(operator)
+    run = queued_run()
+    activity.activity_record(run_id=run.id, generation=1, entries=[
+        {"kind": "log", "text": "one"}, {"kind": "log", "text": "two"}])
+    page = op_client.get(f"/runs/{run.id}/activity/?after=1").content.decode()
+    assert "two" in page and "one" not in page
+    assert op_client.get(f"/runs/{run.id}/activity/?after=x").status_code == 400
+    whole = op_client.get(f"/runs/{run.id}/activity/?all=1").content.decode()
+    assert "one" in whole and "<html" in whole
+
+
+def test_a_review_link_opened_in_a_browser_is_a_page_and_json_for_a_script(op_client):
+    running, generation = running_run(agent="demo.approval")
+    domain.attempt_pause(run_id=running.id, generation=generation, reason="approval",
+                         prompt={"question": "Ship it?"})
+    run = running
+    made = op_client.post(f"/api/runs/{run.id}/review-links/", {}, format="json").json()
+    path = made["url"].split("testserver", 1)[1]
+    browser = Client().get(path, HTTP_ACCEPT="text/html,application/xhtml+xml,*/*;q=0.8")
+    assert browser.status_code == 200 and browser["Content-Type"].startswith("text/html")
+    page = browser.content.decode()
+    assert "&quot;question&quot;: &quot;Ship it?&quot;" in page and str(run.id) not in page
+    script = Client().get(path)
+    assert script.json()["prompt"] == {"question": "Ship it?"}
+    gone = Client().get("/review/not-a-token/", HTTP_ACCEPT="text/html")
+    assert gone.status_code == 404 and "no such review link" in gone.content.decode()
+
+
+def test_the_api_docs_answer_a_visitor_with_a_login_link():
+    response = Client().get("/api/docs/", HTTP_ACCEPT="text/html")
+    assert response.status_code == 401
+    assert 'href="/accounts/login/?next=/api/docs/"' in response.content.decode()

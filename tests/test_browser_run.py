@@ -1,0 +1,304 @@
+"""A run's page in a real browser (Debian's chromium, Playwright) against the embedded site:
+its dialogs and controls, the activity log, approvals and typed input, review links,
+failures and Run again; the admin's run page and the API docs for a visitor not logged in.
+Each page is scanned with axe-core, and no page may log a script error."""
+
+import re
+
+import pytest
+
+from harness.processes import wait_until
+from tests.accessibility import serious_violations
+from tests.test_browser import CHROMIUM, browser, logged_in  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.skipif(
+    not __import__("os").path.exists(CHROMIUM), reason="needs Debian's chromium")
+
+PHONE = {"width": 390, "height": 844}
+
+
+@pytest.fixture
+def page(browser, embedded_site):  # noqa: F811
+    page = logged_in(browser, embedded_site)
+    page.errors = []
+    page.on("console", lambda message: page.errors.append(message.text)
+            if message.type == "error" and "favicon" not in message.text else None)
+    page.on("pageerror", lambda error: page.errors.append(str(error)))
+    yield page
+    assert page.errors == []
+    page.close()
+
+
+def open_run(page, site, agent, input=None):
+    status, run = site.call("POST", "/api/runs/", {"agent": agent, "input": input or {}})
+    assert status == 201
+    page.goto(f"{site.base}{run['url']}")
+    page.wait_for_selector('#live[data-status="live"]')
+    return run["id"], f'tr.run[data-run-id="{run["id"]}"]'
+
+
+def test_the_resume_dialog_on_a_runs_page_resumes_it(page, embedded_site):
+    run_id, row = open_run(page, embedded_site, "demo.steps", {"steps": 30, "step_seconds": 0.2})
+    page.wait_for_selector(f'{row}[data-state="running"]')
+    assert embedded_site.call("POST", f"/api/runs/{run_id}/pause/?wait=5")[0] == 200
+    page.wait_for_selector(f'{row}[data-state="awaiting"]')
+    page.click(f'{row} [data-action="resume"]')
+    page.wait_for_selector("#resume-dialog[open]")
+    assert "Paused by an operator" in page.text_content('[data-field="resume-why"]')
+    page.click('[data-action="confirm-resume"]')
+    page.wait_for_selector(f'{row}[data-state="running"]')
+    assert not page.is_visible("#resume-dialog")
+    assert serious_violations(page) == []
+
+
+def test_a_pause_that_waits_for_its_step_says_so(page, embedded_site):
+    run_id, row = open_run(page, embedded_site, "demo.steps", {"steps": 3, "step_seconds": 4})
+    page.wait_for_selector(f'{row}[data-state="running"]')
+    page.click(f'{row} [data-action="pause"]')
+    page.wait_for_selector("#toast:has-text('takes effect when the current step ends')")
+    button = f'{row} [data-action="pause"]'
+    page.wait_for_selector(f"{button}:disabled:has-text('requested')")
+    # The request is on record at once: in the activity log and under control requests.
+    page.wait_for_selector('.activity-log li[data-kind="control"]:has-text("pause requested")')
+    page.wait_for_selector('tr[data-action-kind="pause"]:has-text("admin")')
+    page.wait_for_selector(
+        '.timeline li[data-kind="pause_requested"]:has-text("by admin via Browser")')
+    page.wait_for_selector(f'{row}[data-state="awaiting"]', timeout=15_000)
+    # Taken at the step's end, in the operator's name and from where they asked.
+    page.wait_for_selector('.timeline li[data-kind="paused"]:has-text("by admin via Browser")')
+    assert "pending" not in page.text_content('tr[data-action-kind="pause"]')
+
+
+def test_times_are_in_the_readers_zone_with_the_full_date_on_hover(browser, embedded_site):  # noqa: F811
+    context = browser.new_context(viewport={"width": 1280, "height": 800},
+                                  timezone_id="Asia/Tokyo")
+    page = context.new_page()
+    page.goto(f"{embedded_site.base}/accounts/login/")
+    page.fill('input[name="username"]', "admin")
+    page.fill('input[name="password"]', embedded_site.admin_password)
+    page.click('button[type="submit"]')
+    page.wait_for_selector('#live[data-status="live"]')
+    _, run = embedded_site.call("POST", "/api/runs/", {"agent": "demo.fail"})
+    page.goto(f"{embedded_site.base}{run['url']}")
+    page.wait_for_selector('.timeline li[data-kind="ended"]')
+    assert "Asia/Tokyo (UTC+09:00)" in page.text_content('[data-field="zone"]')
+    stamp = page.locator(".timeline time").first
+    utc = stamp.get_attribute("datetime")
+    hours, minutes = int(utc[11:13]), int(utc[14:16])
+    local = (hours * 60 + minutes + 540) % 1440
+    assert stamp.text_content().startswith(f"{local // 60:02d}:{local % 60:02d}")
+    assert "GMT+9" in stamp.get_attribute("title")
+    assert re.search(r"ago|now", page.text_content('.now time[data-relative]'))
+    context.close()
+
+
+def test_running_time_goes_on_while_the_run_runs(page, embedded_site):
+    _, row = open_run(page, embedded_site, "demo.hang")
+    page.wait_for_selector('[data-ticker="elapsed"]')
+    first = page.text_content('.now [data-ticker="elapsed"]')
+    page.wait_for_function(
+        "t => document.querySelector('.now [data-ticker=\"elapsed\"]').textContent !== t",
+        arg=first)
+    assert page.text_content('.now [data-ticker="elapsed"]') != "0.00 s"
+    page.click(f'{row} [data-action="stop"]')
+    page.fill('[name="reason"]', "done looking")
+    page.click('[data-action="confirm-stop"]')
+    page.wait_for_selector(f'{row}[data-end-cause="stopped"]')
+
+
+def test_input_output_and_prompt_are_shown_as_json(page, embedded_site):
+    run_id, row = open_run(page, embedded_site, "demo.approval", {"steps_before": 1})
+    page.wait_for_selector(f'{row}[data-state="awaiting"]')
+    page.wait_for_selector(".ask pre.prompt")
+    assert '"question": "Continue?"' in page.text_content(".ask pre.prompt")
+    assert '"steps_before": 1' in page.text_content(".io pre.json")
+    assert "{'" not in page.text_content("#panel")
+    page.click('[data-run-action="approve"]')
+    page.wait_for_selector(f'{row}[data-end-cause="completed"]')
+    page.wait_for_selector('.io h3:text-is("Output") + pre.json')
+    assert '"approved": true' in page.text_content('.io h3:text-is("Output") + pre.json')
+
+
+def test_reject_answers_an_approval_no(page, embedded_site):
+    _, row = open_run(page, embedded_site, "demo.approval", {"steps_before": 1})
+    page.wait_for_selector(f'{row}[data-state="awaiting"]')
+    page.click('[data-run-action="reject"]')
+    page.wait_for_selector(f'{row}[data-end-cause="failed"]')
+    assert "not approved" in page.text_content(".failure .error-text")
+
+
+@pytest.mark.parametrize("size", [PHONE, {"width": 1280, "height": 800}])
+def test_the_run_page_and_its_dialogs_fit_the_screen(page, embedded_site, size):
+    page.set_viewport_size(size)
+    _, row = open_run(page, embedded_site, "demo.hang")
+    page.wait_for_selector(f'{row}[data-state="running"]')
+    assert page.evaluate("document.documentElement.scrollWidth") <= size["width"]
+    heights = page.evaluate("""row => Object.fromEntries([...document.querySelectorAll(
+        row + ' button[data-action]')].filter(b => b.checkVisibility()).map(
+        b => [b.dataset.action, b.getBoundingClientRect().height]))""", row)
+    assert set(heights) == {"pause", "cancel", "stop"}
+    assert min(heights.values()) >= (44 if size is PHONE else 28), heights
+    page.click(f'{row} [data-action="stop"]')
+    box = page.locator("#stop-dialog").bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= size["width"]
+    assert box["y"] >= 0 and box["y"] + box["height"] <= size["height"]
+    confirm = page.locator('[data-action="confirm-stop"]').bounding_box()
+    assert confirm["x"] + confirm["width"] <= size["width"]
+    assert serious_violations(page) == []
+    page.fill('[name="reason"]', "layout checked")
+    page.click('[data-action="confirm-stop"]')
+    page.wait_for_selector(f'{row}[data-end-cause="stopped"]')
+
+
+def test_cancel_waits_for_undo_and_buttons_wait_for_their_answer(page, embedded_site):
+    run_id, row = open_run(page, embedded_site, "demo.hang")
+    page.wait_for_selector(f'{row}[data-state="running"]')
+    page.click(f'{row} [data-action="cancel"]')
+    page.wait_for_selector(f'{row} [data-action="cancel"]:disabled')
+    page.click('.toast.notice [data-notice="undo"]')
+    page.wait_for_selector(f'{row} [data-action="cancel"]:enabled')
+    page.wait_for_selector("#toast:has-text('was not cancelled')")
+    assert page.get_attribute(row, "data-state") == "running"
+    # "Cancel now" sends it at once; the button stays disabled until the answer.
+    page.click(f'{row} [data-action="cancel"]')
+    page.click('.toast.notice [data-notice="now"]')
+    page.wait_for_selector(f'{row}[data-end-cause="cancelled"]')
+    assert embedded_site.call("GET", f"/api/runs/{run_id}/")[1]["end_cause"] == "cancelled"
+
+
+def test_the_activity_log_grows_live_with_steps_calls_and_log_lines(page, embedded_site):
+    _, row = open_run(page, embedded_site, "demo.steps", {"steps": 4, "step_seconds": 0.5})
+    page.wait_for_selector('.activity-log li[data-kind="step"]')
+    page.wait_for_selector('.activity-log li[data-kind="log"]:has-text("thinking about step")')
+    model = page.locator('.activity-log li[data-kind="model"]').first
+    assert re.search(r"\d+ ms · 100 tokens", model.text_content())
+    page.wait_for_selector('.now [data-field="progress"]:has-text("of 4")')
+    page.wait_for_selector(f'{row}[data-end-cause="completed"]')
+    page.wait_for_function("() => document.querySelectorAll"
+                           "('.activity-log li[data-kind=\"step\"]').length === 4")
+    seqs = page.eval_on_selector_all(".activity-log li[data-seq]",
+                                     "items => items.map(i => Number(i.dataset.seq))")
+    assert seqs == sorted(set(seqs))  # each entry once, in order
+    assert serious_violations(page) == []
+
+
+def test_typed_input_is_a_form_made_from_the_agents_schema(page, embedded_site):
+    run_id, row = open_run(page, embedded_site, "demo.ask")
+    page.wait_for_selector(f'{row}[data-state="awaiting"]')
+    page.click('[data-run-action="answer"]')
+    page.wait_for_selector('#resume-dialog [data-field="schema-form"]:not([hidden])')
+    page.select_option('[name="schema:colour"]', '"green"')
+    page.fill('[name="schema:count"]', "0")
+    page.click('[data-action="confirm-resume"]')  # the browser refuses 0 (minimum 1)
+    assert page.is_visible("#resume-dialog")
+    page.fill('[name="schema:count"]', "3")
+    page.check('[name="schema:urgent"]')
+    assert serious_violations(page) == []
+    page.click('[data-action="confirm-resume"]')
+    page.wait_for_selector(f'{row}[data-end-cause="completed"]')
+    output = embedded_site.call("GET", f"/api/runs/{run_id}/")[1]["output"]
+    assert output == {"ordered": {"colour": "green", "count": 3, "urgent": True}}
+
+
+def test_a_review_link_lets_a_reviewer_without_an_account_answer(page, browser, embedded_site):  # noqa: F811
+    run_id, row = open_run(page, embedded_site, "demo.approval", {"steps_before": 1})
+    page.wait_for_selector(f'{row}[data-state="awaiting"]')
+    url = page.locator('[data-field="new-link-url"]')
+    page.click('[data-run-action="make-link"]')  # a first link, withdrawn at once
+    page.wait_for_function("() => document.querySelector('[data-field=\"new-link-url\"]')"
+                           "?.value.includes('/review/')")
+    revoked = url.input_value()
+    page.click('.review-links li[data-link-state="open"] [data-run-action="revoke-link"]')
+    page.wait_for_selector('.review-links li[data-link-state="revoked"]')
+    page.click('[data-run-action="make-link"]')  # the one to send
+    page.wait_for_function("old => document.querySelector('[data-field=\"new-link-url\"]')"
+                           ".value !== old", arg=revoked)
+    link = url.input_value()
+    page.wait_for_selector('.review-links li[data-link-state="open"]')
+
+    reviewer = browser.new_context(viewport=PHONE)
+    review = reviewer.new_page()
+    errors = []
+    review.on("pageerror", lambda error: errors.append(str(error)))
+    response = review.goto(revoked)
+    assert response.status == 410 and "withdrawn" in review.text_content(".review-page")
+    assert review.locator("form").count() == 0
+    review.goto(link)
+    assert '"question": "Continue?"' in review.text_content(".review-page pre.prompt")
+    assert run_id not in review.content()  # nothing beyond the prompt
+    assert review.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    assert serious_violations(review) == []
+    review.fill('[name="name"]', "Rita Reviewer")
+    review.click('button[value="approve"]')
+    review.wait_for_selector("#review-done:not([hidden])")
+    assert errors == []
+    reviewer.close()
+    page.wait_for_selector(f'{row}[data-end-cause="completed"]')
+    page.wait_for_selector('.timeline li[data-kind="resumed"]'
+                           ':has-text("by Rita Reviewer via Review link")')
+
+
+def test_a_failure_shows_its_traceback_and_runs_again(page, embedded_site):
+    run_id, row = open_run(page, embedded_site, "demo.fail", {"steps": 1})
+    page.wait_for_selector(f'{row}[data-end-cause="failed"]')
+    page.wait_for_selector(".failure .traceback")
+    assert "RuntimeError: demo.fail raised after 1 step(s)" in page.text_content(".failure")
+    assert "Traceback (most recent call last)" in page.text_content(".failure .traceback")
+    page.wait_for_selector('.activity-log li[data-kind="error"]')
+    assert serious_violations(page) == []
+    page.click('[data-run-action="rerun"]')
+    page.wait_for_url(re.compile(r"/runs/(?!" + run_id + r")[0-9a-f-]{36}/$"))
+    page.wait_for_selector(f'.now a[href="/runs/{run_id}/"]')  # "Runs again" the old one
+    page.goto(f"{embedded_site.base}/runs/{run_id}/")
+    assert page.locator('.now dt:text-is("Run again as") + dd a').count() == 1
+
+
+def test_the_admin_run_page_lists_recent_events_and_links_to_the_operator_page(
+        page, embedded_site):
+    _, run = embedded_site.call("POST", "/api/runs/", {
+        "agent": "demo.steps", "input": {"steps": 30, "step_seconds": 0.01}})
+    run_id = run["id"]
+    state = wait_until(lambda: (lambda found: found if found["state"] == "ended" else None)(
+        embedded_site.call("GET", f"/api/runs/{run_id}/")[1]), timeout=20, what="the run's end")
+    page.goto(f"{embedded_site.base}/admin/runs/run/{run_id}/change/")
+    seqs = [int(text) for text in page.locator(
+        "#events-group tbody td.field-seq").all_text_contents()]
+    assert len(seqs) == 10 and seqs == sorted(seqs, reverse=True), seqs
+    page.click(f'a[href="/runs/{run_id}/"]')
+    page.wait_for_selector(f'tr.run[data-run-id="{run_id}"]')
+    page.click('a:text-is("Open in admin")')
+    page.wait_for_url(re.compile(f"/admin/runs/run/{run_id}/change/"))
+    page.click(f'a[href*="run__id__exact={run_id}"]')
+    page.wait_for_selector("#result_list")
+    assert page.locator("#result_list tbody tr").count() == state["version"]
+
+
+def test_the_api_docs_ask_a_visitor_to_log_in(browser, embedded_site):  # noqa: F811
+    page = browser.new_page()
+    response = page.goto(f"{embedded_site.base}/api/docs/")
+    assert response.status == 401
+    page.click('a:text-is("Log in")')
+    page.fill('input[name="username"]', "admin")
+    page.fill('input[name="password"]', embedded_site.admin_password)
+    page.click('button[type="submit"]')
+    page.wait_for_selector(".swagger-ui .info .title")
+    assert page.url.endswith("/api/docs/")
+    page.close()
+
+
+def test_on_the_list_too_cancel_waits_for_undo_and_pause_says_it_waits(page, embedded_site):
+    _, slow = embedded_site.call("POST", "/api/runs/", {
+        "agent": "demo.steps", "input": {"steps": 3, "step_seconds": 4}})
+    row = f'tr.run[data-run-id="{slow["id"]}"]'
+    page.wait_for_selector(f'{row}[data-state="running"]')
+    page.click(f'{row} [data-action="cancel"]')
+    page.wait_for_selector(f'{row} [data-action="cancel"]:disabled:has-text("Cancelling")')
+    page.click(f'.toast.notice[data-for="{slow["id"]}"] [data-notice="undo"]')
+    page.wait_for_selector(f'{row} [data-action="cancel"]:enabled')
+    page.click(f'{row} [data-action="pause"]')
+    page.wait_for_selector("#toast:has-text('takes effect when the current step ends')")
+    page.wait_for_selector(f"{row} [data-action=\"pause\"]:disabled:has-text('requested')")
+    page.wait_for_selector(f'{row}[data-state="awaiting"]', timeout=15_000)
+    page.click(f'{row} [data-action="cancel"]')
+    page.click(f'.toast.notice[data-for="{slow["id"]}"] [data-notice="now"]')
+    page.wait_for_selector(f'{row}[data-end-cause="cancelled"]')
