@@ -155,3 +155,20 @@ def test_the_api_docs_answer_a_visitor_with_a_login_link():
     response = Client().get("/api/docs/", HTTP_ACCEPT="text/html")
     assert response.status_code == 401
     assert 'href="/accounts/login/?next=/api/docs/"' in response.content.decode()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_writers_at_once_each_get_their_own_numbers(gang, pushes):
+    # The worker writes a run's entries while the web process notes a pause request: the
+    # loser of a number numbers again, and no entry is lost or numbered twice.
+    run = queued_run()
+
+    def writer(n):
+        return lambda: [activity.activity_record(run_id=run.id, generation=1, entries=[
+            {"kind": "log", "text": f"{n}.{i}"}]) for i in range(10)]
+
+    results = gang(4).run([writer(n) for n in range(4)])
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    seqs = sorted(Activity.objects.filter(run=run).values_list("seq", flat=True))
+    assert seqs == list(range(1, 41))

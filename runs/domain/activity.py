@@ -10,13 +10,13 @@ sockets after commit. A run keeps at most ``CAP`` entries: the next one written 
 import json
 from functools import partial
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from runs.domain import ports
 from runs.domain.representation import activity_data
-from runs.models import Activity, ActivityKind
+from runs.models import Activity, ActivityKind, Run
 
 CAP = 2000  # entries per run
 TEXT = 500  # characters of a line (the column's size)
@@ -47,19 +47,18 @@ def activity_record(*, run_id, generation: int, entries: list[dict]) -> list[Act
         if kind not in ActivityKind.values:
             raise ValueError(f"unknown activity kind {kind!r}")
     cleaned = [_clean(entry) for entry in entries]
-    for tries in range(3):
-        try:
-            with transaction.atomic():
-                rows = _append(run_id, generation, cleaned)
-                if rows:
-                    transaction.on_commit(partial(
-                        ports.changes.activity, run_id=run_id,
-                        entries=[activity_data(row) for row in rows]), robust=True)
-                return rows
-        except IntegrityError:  # another writer took the same numbers: number again
-            if tries == 2:
-                raise
-    return []
+    with transaction.atomic():
+        # The run's row lock numbers its entries one writer at a time (the worker, and the
+        # web process noting a pause): each reads the last number after the other's commit.
+        # Held for one small insert; a transition holds it as briefly.
+        if not Run.objects.select_for_update().filter(pk=run_id).values_list("pk").exists():
+            return []
+        rows = _append(run_id, generation, cleaned)
+        if rows:
+            transaction.on_commit(partial(
+                ports.changes.activity, run_id=run_id,
+                entries=[activity_data(row) for row in rows]), robust=True)
+        return rows
 
 
 def _append(run_id, generation: int, entries: list[dict]) -> list[Activity]:
