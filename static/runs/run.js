@@ -2,40 +2,14 @@
 // its children, the controls, the activity log as it grows, the live (uncommitted) output
 // of its model calls, and times shown in the reader's own zone.
 
-import { $, Live, patchRow, toast } from "./common.js";
+import { $, absoluteTime, Live, patchRow, relativeTime, span, toast } from "./common.js";
 import { controls, send } from "./controls.js";
 
 // --- times ----------------------------------------------------------------------------------
-// (relativeTime/absoluteTime belong in common.js; written here until the list page has them.)
 
 const zone = Intl.DateTimeFormat().resolvedOptions().timeZone;
 const clock = new Intl.DateTimeFormat(undefined, {
   hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false });
-const full = new Intl.DateTimeFormat(undefined, {
-  weekday: "short", year: "numeric", month: "short", day: "numeric", hour: "2-digit",
-  minute: "2-digit", second: "2-digit", fractionalSecondDigits: 3, hour12: false,
-  timeZoneName: "short" });
-const relative = new Intl.RelativeTimeFormat(undefined, { numeric: "auto" });
-
-export function absoluteTime(date) {
-  return full.format(date);
-}
-
-export function relativeTime(date, now = Date.now()) {
-  const seconds = Math.round((date.getTime() - now) / 1000);
-  const size = Math.abs(seconds);
-  if (size < 45) return relative.format(seconds, "second");
-  if (size < 2700) return relative.format(Math.round(seconds / 60), "minute");
-  if (size < 64800) return relative.format(Math.round(seconds / 3600), "hour");
-  return relative.format(Math.round(seconds / 86400), "day");
-}
-
-export function spanText(seconds) {
-  if (seconds < 60) return `${seconds.toFixed(seconds < 10 ? 1 : 0)} s`;
-  const minutes = Math.floor(seconds / 60);
-  if (minutes < 60) return `${minutes} min ${String(Math.floor(seconds % 60)).padStart(2, "0")} s`;
-  return `${Math.floor(minutes / 60)} h ${String(minutes % 60).padStart(2, "0")} min`;
-}
 
 // Every <time datetime> under `root`: the local clock (or "3 min ago" for data-relative),
 // the full local date, time and zone on hover.
@@ -45,8 +19,8 @@ function localTimes(root = document) {
     if (!value) continue;
     const date = new Date(value);
     if (Number.isNaN(date.getTime())) continue;
-    node.title = absoluteTime(date);
-    node.textContent = "relative" in node.dataset ? relativeTime(date) : clock.format(date);
+    node.title = absoluteTime(value);
+    node.textContent = "relative" in node.dataset ? relativeTime(value) : clock.format(date);
   }
   const note = $('[data-field="zone"]');
   if (note) {
@@ -65,11 +39,11 @@ function tick() {
     const since = Date.parse(node.dataset.since);
     if (Number.isNaN(since)) continue;
     const seconds = Number(node.dataset.base || 0) + Math.max(0, (now - since) / 1000);
-    const text = spanText(seconds);
+    const text = span(seconds);
     if (node.textContent !== text) node.textContent = text;
   }
   for (const node of document.querySelectorAll("time[data-relative][datetime]")) {
-    const text = relativeTime(new Date(node.getAttribute("datetime")), now);
+    const text = relativeTime(node.getAttribute("datetime"), now);
     if (node.textContent !== text) node.textContent = text;
   }
 }

@@ -123,10 +123,11 @@ class Page:
     in the browser once the page is ready."""
 
     name: str
-    path: str
+    path: str  # formatted with the ids of the runs started (``{running}``, ``{failed}``...)
     ready: str
     prepare: Callable | None = None
     show: Callable | None = None
+    live: bool = True  # the page has the live indicator (a review page has none)
 
 
 SIZES = ((1280, 800), (390, 844))
@@ -163,6 +164,18 @@ def stop_the_stuck_runs(site: Site, runs: dict) -> None:
                    == "done", 60, "the bulk job to finish")
 
 
+def make_review_link(site: Site, runs: dict) -> None:
+    """A review link for the awaiting run's ticket, opened by a reviewer with no account."""
+    if "review" not in runs:
+        link = site.call("POST", f"/api/runs/{runs['awaiting']}/review-links/", {})
+        runs["review"] = link["url"].rstrip("/").rsplit("/", 1)[-1]
+
+
+def open_resume_dialog(tab) -> None:
+    tab.click('#panel [data-action="resume"]')
+    tab.wait_for_selector("#resume-dialog[open]")
+
+
 PAGES = [
     Page("list", "/", "js:() => document.querySelectorAll('#run-rows tr.run').length >= 7"),
     Page("overview", "/overview/",
@@ -173,11 +186,19 @@ PAGES = [
          prepare=start_stuck_runs, show=open_bulk_dialog),
     Page("bulk-jobs", "/bulk/", "js:() => document.querySelectorAll('tr.job').length >= 2",
          prepare=stop_the_stuck_runs),
+    Page("run", "/runs/{running}/",
+         "js:() => document.querySelectorAll('.activity-log li:not(.empty)').length >= 2"),
+    Page("run-failed", "/runs/{failed}/", "pre.traceback"),
+    Page("run-resume", "/runs/{awaiting}/", '#panel [data-action="resume"]',
+         show=open_resume_dialog),
+    Page("review", "/review/{review}/", "#review-form", prepare=make_review_link,
+         live=False),
 ]
 
 
 class Command(BaseCommand):
-    help = ("Draw the console's pages (run list, overview, a bulk job, bulk jobs), with runs "
+    help = ("Draw the console's pages (run list, overview, a bulk job, bulk jobs, a run, a "
+            "failed run, a resume dialog, a review link), with runs "
             "in each state, at 1280x800 and 390x844 into docs/ (Debian's chromium, on an "
             "embedded site of the command's own).")
 
@@ -271,8 +292,9 @@ class Command(BaseCommand):
                     if entry.prepare is not None:
                         entry.prepare(site, runs)
                     for (width, height), tab in tabs.items():
-                        tab.goto(f"{site.base}{entry.path}")
-                        tab.wait_for_selector('#live[data-status="live"]')
+                        tab.goto(f"{site.base}{entry.path.format(**runs)}")
+                        if entry.live:
+                            tab.wait_for_selector('#live[data-status="live"]')
                         if entry.ready.startswith("js:"):
                             tab.wait_for_function(entry.ready.removeprefix("js:"))
                         else:
