@@ -591,7 +591,35 @@ def check_every_request_recorded(storm: Storm, runs: dict, events: dict,
     return found
 
 
-def check_resumes(storm: Storm, runs: dict, events: dict) -> None:
+def summary(storm: Storm, faults: Faults, supervisor: Supervisor, checked: dict,
+            storm_seconds: float, total_seconds: float) -> str:
+    """The counts of a storm as a table: operations by verb and answer, faults by kind,
+    what each invariant was checked on, and how long it took."""
+    verbs = sorted({verb for verb, _ in storm.answers})
+    answers = sorted({answer for _, answer in storm.answers}, key=str)
+    width = max(map(len, verbs)) + 2
+    lines = ["", "operations".ljust(width) + "".join(f"{str(a):>12}" for a in answers)
+             + f"{'total':>8}"]
+    for verb in verbs:
+        counts = [storm.answers.get((verb, answer), 0) for answer in answers]
+        lines.append(verb.ljust(width) + "".join(f"{count:>12}" for count in counts)
+                     + f"{sum(counts):>8}")
+    lines.append("total".ljust(width) + "".join(
+        f"{sum(storm.answers.get((verb, answer), 0) for verb in verbs):>12}"
+        for answer in answers) + f"{sum(storm.answers.values()):>8}")
+    lines += ["", "faults injected"] + [f"  {kind:<20}{faults.counts[kind]:>6}"
+                                        for kind in FAULT_KINDS]
+    lines.append(f"  {'total':<20}{sum(faults.counts.values()):>6}")
+    lines.append(f"  processes that exited on their own and were started again: "
+                 f"{sum(supervisor.exits.values())}")
+    lines += ["", "invariants checked (on how many)"] + [
+        f"  {what:<76}{count:>7}" for what, count in checked.items()]
+    lines += ["", f"duration: storm {storm_seconds:.1f} s, every run ended after "
+                  f"{total_seconds:.1f} s"]
+    return "\n".join(lines)
+
+
+def check_resumes(storm: Storm, runs: dict, events: dict) -> int:
     """SPEC §7.11: a resume's input reaches the attempt that continues, a crash between
     them included. The run never asks the same question again; ``demo.approval`` ends as
     its answer says and ``demo.parent`` returns the input (unless cancelled or stopped)."""
@@ -614,11 +642,13 @@ def check_resumes(storm: Storm, runs: dict, events: dict) -> None:
         elif resume.reason == TicketReason.INPUT:
             assert run.end_cause == EndCause.COMPLETED, (resume, run.end_cause, run.error)
             assert run.output["input"] == resume.input, (resume, run.output)
+    return len(storm.resumes)
 
 
-def check_inboxes(storm: Storm, runs: dict) -> None:
+def check_inboxes(storm: Storm, runs: dict) -> int:
     """An inbox that completed holds messages sent to it, each once, ending with
-    ``{"done": true}``."""
+    ``{"done": true}``. Returns how many inboxes were checked."""
+    checked = 0
     for run_id, run in runs.items():
         if run.agent != "demo.inbox" or run.end_cause != EndCause.COMPLETED:
             continue
@@ -626,6 +656,8 @@ def check_inboxes(storm: Storm, runs: dict) -> None:
         assert last == {"done": True}, run.output
         assert all(message in storm.sent[run_id] for message in messages), run.output
         assert len({json.dumps(message) for message in messages}) == len(messages), run.output
+        checked += 1
+    return checked
 
 
 @pytest.fixture
@@ -688,8 +720,8 @@ def test_a_storm_under_faults_keeps_every_guarantee(system, supervisor):
     assert not storm.server_errors, storm.server_errors[:10]
     recorded = check_every_request_recorded(storm, runs, events,
                                             {caller.actor for caller in callers})
-    check_resumes(storm, runs, events)
-    check_inboxes(storm, runs)
+    resumes = check_resumes(storm, runs, events)
+    inboxes = check_inboxes(storm, runs)
     lost = Attempt.objects.filter(close_reason=CloseReason.LOST).count()
     assert sum(faults.counts.values()) == FAULTS
     assert lost, "no fault cost any attempt its claim"
@@ -708,3 +740,20 @@ def test_a_storm_under_faults_keeps_every_guarantee(system, supervisor):
           f"resumes: {len(storm.resumes)}, cancels and stops accepted: "
           f"{len(storm.end_requests)} {dict(recorded)}, runs left for the drain: {len(left)}, "
           f"messages sent: {sum(map(len, storm.sent.values()))}")
+    print(summary(storm, faults, supervisor, {
+        "every run ended once (contiguous versions, one ended event, its last)": len(runs),
+        "resumed runs: their resume committed before their end": len({
+            resume.run_id for resume in storm.resumes}),
+        "no zombie: workers whose reports match the live attempts they own": len(
+            system.workers),
+        "no child left running under an ended parent": children,
+        "accepted cancels and stops on record (intent, joined, or ended before)": sum(
+            recorded.values()),
+        "cancelled or stopped runs naming who asked": sum(
+            1 for run in runs.values()
+            if run.end_cause in (EndCause.CANCELLED, EndCause.STOPPED)),
+        "resume inputs reaching the attempt that continued": resumes,
+        "completed inboxes holding only messages sent, each once": inboxes,
+        "operations, none answered 5xx": sum(storm.answers.values()),
+        "runs left for the drain that ended in time": len(left),
+    }, storm_seconds, total_seconds))
