@@ -6,7 +6,14 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "awaken_site.settings")
 django.setup(set_prefix=False)
 
+from django.conf import settings  # noqa: E402
+
+from awaken_site import memory  # noqa: E402
 from awaken_site.handlers import SyncChainASGIHandler  # noqa: E402
+
+# Before the server starts its threads: large bodies are mapped apart and given back.
+memory.tune(mmap_bytes=settings.AWAKEN_MALLOC_MMAP_BYTES)
+memory.start_trimmer(settings.AWAKEN_MALLOC_TRIM_SECONDS)
 
 django_asgi_app = SyncChainASGIHandler()
 

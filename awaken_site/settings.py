@@ -350,6 +350,11 @@ AWAKEN_SOCKET_BUFFER_BYTES = envnumber("AWAKEN_SOCKET_BUFFER_BYTES", "1048576", 
 # How often each web process re-checks the sessions, tokens and users of its open sockets.
 AWAKEN_SOCKET_RECHECK_SECONDS = envnumber("AWAKEN_SOCKET_RECHECK_SECONDS", "2", kind=float,
                                           minimum=0.05)
+# How the web process gives memory back after a burst of large requests (glibc only; see
+# awaken_site/memory.py): blocks from this size up are mapped on their own and unmapped when
+# freed, and the free pages of malloc's arenas are returned this often. 0 turns either off.
+AWAKEN_MALLOC_MMAP_BYTES = envnumber("AWAKEN_MALLOC_MMAP_BYTES", "262144", minimum=0)
+AWAKEN_MALLOC_TRIM_SECONDS = envnumber("AWAKEN_MALLOC_TRIM_SECONDS", "10", kind=float, minimum=0)
 
 CELERY_BROKER_URL = os.getenv("CELERY_BROKER_URL") or REDIS_URL or "memory://"
 CELERY_BROKER_TRANSPORT_OPTIONS = (

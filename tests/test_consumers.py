@@ -7,8 +7,10 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
+from django.db import connection
 from django.middleware.csrf import CsrfViewMiddleware
 from django.test import RequestFactory
+from django.test.utils import CaptureQueriesContext
 
 from awaken_site.asgi import application
 from runs import domain as services
@@ -369,6 +371,24 @@ def test_a_run_too_large_to_push_whole_is_pushed_truncated(viewer):
         await communicator.disconnect()
 
     run_async(body)
+
+
+def test_a_snapshot_or_a_replay_never_loads_the_input_of_a_run_too_large_to_push():
+    """A socket asking for replays over and over must not have the web process load large
+    inputs over and over, only to leave them out."""
+    large = queued_run(input={"blob": "x" * 200_000})
+    services.run_cancel(run_id=large.id, actor="olga", source="api")
+    small = queued_run(input={"steps": 1})
+    with CaptureQueriesContext(connection) as queries:
+        snapshot = json.loads(selectors.socket_snapshot())
+        replayed = [json.loads(text)["run"] for text in selectors.replay(after=0)]
+    runs = {run["id"]: run for run in snapshot["runs"]}
+    assert runs[str(large.id)]["truncated"] is True
+    assert runs[str(small.id)]["input"] == {"steps": 1}
+    assert replayed and all(run["truncated"] for run in replayed if run["id"] == str(large.id))
+    # The payloads are read only by the query that measures them first, in the database.
+    reads = [query["sql"] for query in queries if '"input"' in query["sql"]]
+    assert reads and all("LENGTH(" in sql for sql in reads), reads
 
 
 def test_the_snapshot_fits_however_large_its_runs(viewer):

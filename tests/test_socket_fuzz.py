@@ -7,16 +7,15 @@ replays what it should. The seed is printed with the count; ``SOCKET_FUZZ_SEED``
 run, ``SOCKET_FUZZ_FRAMES`` sets the frames per role.
 """
 
-import json
 import os
 import random
-import string
 
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 
 from awaken_site.asgi import application
+from harness.hostile import bad_frame
 from runs import domain as services
 from runs.models import Event
 from tests.conftest import api_key_for, make_user
@@ -26,70 +25,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 FRAMES = int(os.getenv("SOCKET_FUZZ_FRAMES", "400"))
 SEED = int(os.getenv("SOCKET_FUZZ_SEED", str(random.SystemRandom().randrange(2**32))))
-KEYS = ["type", "kind", "seq", "run", "id", "", "é", "\u0000", "resume", "TYPE"]
-WRONG_AFTERS = ["-1", "1.5", "1e400", "-1e400", "NaN", "Infinity", "-Infinity", '"3"', "null",
-                "true", "false", "[]", "{}", "[1]", str(2**63), str(-(2**70)), "0.0", "1E2",
-                '"\\ud800"', "-0.5"]
-
-
-@pytest.fixture(autouse=True)
-def in_memory_layer(settings):
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-
-
-def json_value(rng: random.Random, depth: int = 0):
-    """A random JSON value; an object never has both "type": "resume" and "after"."""
-    kind = rng.randrange(7 if depth < 4 else 4)
-    if kind == 0:
-        return rng.choice([None, True, False])
-    if kind == 1:
-        return rng.choice([0, -1, 7, 2**40, -(2**63), 1.5, -0.0, 1e300])
-    if kind == 2:
-        alphabet = string.printable + "é€😀\u2028"
-        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
-    if kind == 3:
-        return rng.choice(["resume", "snapshot", "run.changed", "error", ""])
-    if kind == 4:
-        return [json_value(rng, depth + 1) for _ in range(rng.randrange(4))]
-    return {rng.choice(KEYS): json_value(rng, depth + 1) for _ in range(rng.randrange(4))}
-
-
-def bad_frame(rng: random.Random) -> tuple[str, dict]:
-    """One frame that is not a well-formed command: its kind, and ``send_to``'s arguments."""
-    kind = rng.choice(["text", "json", "wrong-after", "wrong-shape", "nested", "huge",
-                       "binary", "surrogate", "trailing"])
-    if kind == "text":
-        size = rng.randrange(1, 300)
-        text = "".join(rng.choice(string.printable + "{}[]\":,é\u0000") for _ in range(size))
-        return kind, {"text_data": text if text.strip() else "?"}
-    if kind == "json":
-        return kind, {"text_data": json.dumps(json_value(rng))}
-    if kind == "wrong-after":
-        return kind, {"text_data": f'{{"type": "resume", "after": {rng.choice(WRONG_AFTERS)}}}'}
-    if kind == "wrong-shape":
-        shapes = [{"type": "resume"}, {"after": 1}, {"type": "resume", "after": 1, "x": 1},
-                  {"type": "Resume", "after": 1}, {"type": ["resume"], "after": 1},
-                  {"type": None, "after": 1}, {"type": rng.choice(KEYS[1:8]), "after": 1}]
-        return kind, {"text_data": json.dumps(rng.choice(shapes))}
-    if kind == "nested":
-        depth = rng.choice([1_000, 10_000, 100_000])
-        opener, closer = rng.choice([("[", "]"), ('{"a":', "}")])
-        return kind, {"text_data": opener * depth + "1" + closer * depth}
-    if kind == "huge":
-        size = rng.randrange(1_000_000, 3_000_000)
-        padding = "x" * size
-        return kind, {"text_data": rng.choice([
-            padding, f'{{"type": "resume", "after": 0, "pad": "{padding}"}}'])}
-    if kind == "binary":
-        payload = rng.choice([rng.randbytes(rng.randrange(1, 200)), b"\xff\xfe\xfd",
-                              b'{"type": "resume", "after": 0}', b"\xc3\x28" * 10])
-        return kind, {"bytes_data": payload}
-    if kind == "surrogate":
-        return kind, {"text_data": rng.choice(['{"type": "resume", "after": 0, "\ud800": 1}',
-                                               "\udcff", '{"type": "\ud83d"}'])}
-    return kind, {"text_data": '{"type": "resume", "after": 0}' + rng.choice([" x", "}", ","])}
-
-
 async def resume_works(communicator, last_seq: int) -> None:
     """A resume after 0 replays every event up to ``last_seq``, in order."""
     await communicator.send_json_to({"type": "resume", "after": 0})

@@ -2,11 +2,7 @@
 stop reading cost a bounded buffer and are disconnected, and a logout or a deactivation in
 another process closes a user's open sockets within 5 s."""
 
-import base64
 import json
-import os
-import socket
-import struct
 import time
 
 import pytest
@@ -14,6 +10,7 @@ from django.conf import settings
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
+from harness.hostile import StalledClient, rss_bytes
 from harness.processes import Web, wait_until
 from tests.conftest import api_key_for, browser_for, make_user
 from tests.factories import queued_run
@@ -21,7 +18,6 @@ from tests.factories import queued_run
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 MiB = 1024 * 1024
-TCP_ESTABLISHED = 1  # tcpi_state, the first byte of Linux's struct tcp_info
 
 
 @pytest.fixture(scope="module")
@@ -31,49 +27,6 @@ def web(django_db_setup, django_db_blocker):
         process = Web().wait_ready()
     with process:
         yield process
-
-
-def resident_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
-
-
-class StalledClient:
-    """A websocket client that sends but never reads after the handshake (a raw TCP socket
-    with a small receive buffer, so that the server's unsent bytes pile up in daphne)."""
-
-    def __init__(self, port: int, token: str):
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        self.sock.settimeout(10)
-        self.sock.connect(("127.0.0.1", port))
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((
-            f"GET /ws/runs/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-            f"Sec-WebSocket-Version: 13\r\nAuthorization: Token {token}\r\n\r\n").encode())
-        response = b""
-        while not response.endswith(b"\r\n\r\n"):  # the headers only, byte by byte
-            response += self.sock.recv(1)
-        assert response.startswith(b"HTTP/1.1 101"), response
-
-    def send_text(self, text: str) -> None:
-        payload, mask = text.encode(), os.urandom(4)
-        header = bytes([0x81, 0x80 | len(payload)]) if len(payload) < 126 else (
-            bytes([0x81, 0x80 | 126]) + struct.pack("!H", len(payload)))
-        masked = bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
-        self.sock.sendall(header + mask + masked)
-
-    def dropped(self) -> bool:
-        """Whether the server closed the connection (reset it), seen without reading."""
-        info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)
-        return info[0] != TCP_ESTABLISHED
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def test_clients_that_stop_reading_are_disconnected_and_cost_a_bounded_buffer(web):
@@ -90,7 +43,7 @@ def test_clients_that_stop_reading_are_disconnected_and_cost_a_bounded_buffer(we
         reader.send(json.dumps({"type": "resume", "after": 0}))
         for _ in range(40):  # warm: the replay's code paths, pools and buffers
             reader.recv(timeout=10)
-    before = resident_bytes(web.pid)
+    before = rss_bytes(web.pid)
 
     clients = [StalledClient(web.port, token) for _ in range(10)]
     peak = before
@@ -101,7 +54,7 @@ def test_clients_that_stop_reading_are_disconnected_and_cost_a_bounded_buffer(we
 
         def all_dropped():
             nonlocal peak
-            peak = max(peak, resident_bytes(web.pid))
+            peak = max(peak, rss_bytes(web.pid))
             return all(client.dropped() for client in clients)
 
         wait_until(all_dropped, 40, "the server to drop every stalled client", every=0.1)
@@ -113,7 +66,7 @@ def test_clients_that_stop_reading_are_disconnected_and_cost_a_bounded_buffer(we
     # message, besides what the replays allocate while they are read.
     limit = 10 * (settings.AWAKEN_SOCKET_BUFFER_BYTES + MiB) + 20 * MiB
     print(f"\ndaphne: {before / MiB:.0f} MiB before, peak {peak / MiB:.0f} MiB "
-          f"(+{grown / MiB:.1f}), {resident_bytes(web.pid) / MiB:.0f} MiB after")
+          f"(+{grown / MiB:.1f}), {rss_bytes(web.pid) / MiB:.0f} MiB after")
     assert grown < limit, f"daphne grew by {grown / MiB:.0f} MiB"
 
     # The server goes on serving.

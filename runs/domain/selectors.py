@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db.models import F, Field, Func, IntegerField, Q, Value
 from django.db.models.lookups import GreaterThan, LessThan
 
@@ -353,7 +354,9 @@ def socket_snapshot(*, run_id=None) -> str:
     if run_id is not None:
         page = [run_get(run_id)]
     else:
-        page, _ = run_list(filters={}, limit=SNAPSHOT_SIZE)
+        # A run too large to push is sent truncated: its input and output are not loaded.
+        page, _ = run_list(filters={}, limit=SNAPSHOT_SIZE,
+                           payload_bytes=settings.AWAKEN_PUSH_RUN_BYTES)
     return snapshot_text(seq=seq, runs=page)
 
 
@@ -370,7 +373,10 @@ def replay(*, after: int, run_id=None) -> list[str]:
     page = list(events.filter(window).order_by("seq")[: REPLAY_LIMIT + 1])
     if len(page) > REPLAY_LIMIT:
         return [socket_snapshot(run_id=run_id)]
-    current = {run.id: run for run in runs().filter(pk__in={e.run_id for e in page})}
+    # As in a snapshot, the input and output of runs too large to push are not loaded.
+    current = {run.id: run for run in runs().defer(*PAYLOAD).filter(
+        pk__in={e.run_id for e in page})}
+    _load_payloads(list(current.values()), settings.AWAKEN_PUSH_RUN_BYTES)
     return [change_text(run=current[e.run_id], event=e) for e in page]
 
 

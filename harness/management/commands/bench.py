@@ -27,8 +27,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from awaken_site.celery import app
+from harness import hostile
 from harness.baseline import bench_hang
-from harness.processes import Processes, ProcessFailed, Web, Worker, wait_until
+from harness.processes import EmbeddedSite, Processes, ProcessFailed, Web, Worker, wait_until
 from runs import domain
 from runs.domain import selectors, sql
 from runs.models import Event, EventKind, Run, RunState
@@ -64,7 +65,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("what", nargs="?", default="all",
                             choices=["all", "cancel", "provider", "push", "lifecycle", "list",
-                                     "memory", "sql"])
+                                     "memory", "sql", "hostile"])
         parser.add_argument("--live", default="1,100,500",
                             help="cancel: numbers of other live attempts on the worker.")
         parser.add_argument("--cancels", type=int, default=300, help="cancel: samples per level.")
@@ -87,10 +88,20 @@ class Command(BaseCommand):
                             help="memory: live attempts held by one worker process.")
         parser.add_argument("--transitions", type=int, default=2000,
                             help="sql: transitions measured each way.")
+        parser.add_argument("--embedded", action="store_true",
+                            help="hostile: attack the embedded site (manage.py serve, on "
+                                 "SQLite) instead of daphne on the configured database.")
+        parser.add_argument("--scale", type=float, default=1.0,
+                            help="hostile: size of every phase, 1 being the full attack.")
+        parser.add_argument("--seed", type=int, default=None,
+                            help="hostile: the socket fuzzer's seed (random by default).")
 
     def handle(self, what, **options):
         if what == "sql":  # in this process alone: the database is all it needs
             self.print_table(self.statements(options["transitions"]))
+            return
+        if what == "hostile" and options["embedded"]:  # a site of its own, on SQLite
+            self.hostile_embedded(hostile.Sizes.scaled(options["scale"]), options["seed"])
             return
         if not settings.REDIS_URL or "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
             raise CommandError("Set DATABASE_URL (PostgreSQL) and REDIS_URL: the benchmark "
@@ -108,6 +119,9 @@ class Command(BaseCommand):
             "memory": lambda: self.memory(options["attempts"]),
             "sql": lambda: self.statements(options["transitions"]),
         }
+        if what == "hostile":
+            self.hostile(hostile.Sizes.scaled(options["scale"]), options["seed"])
+            return
         rows = []
         try:
             for name in (parts if what == "all" else [what]):
@@ -408,6 +422,43 @@ class Command(BaseCommand):
         per_attempt = (loaded - base) / (attempts - 1)
         return [(f"{attempts} at", "memory per live attempt (KiB)", per_attempt,
                  f"worker RSS {base / 1024:.0f} -> {loaded / 1024:.0f} MiB")]
+
+
+    # --- hostile input -------------------------------------------------------------------------
+
+    def hostile(self, sizes, seed) -> None:
+        """The hostile-input attack against daphne on the configured database and Redis,
+        with a worker of its own completing the runs."""
+        viewer = StringIO()
+        call_command("operator_token", "bench-viewer", "--role", "viewer", "--create",
+                     stdout=viewer)
+        with self.system(workers=1) as (web, _):
+            target = hostile.Target(port=web.port, pid=web.pid, operator=self.token,
+                                    viewer=viewer.getvalue().strip(), log=web.log)
+            self.print_hostile("daphne, " + self.layout(), hostile.attack(
+                target, sizes, seed=seed, say=self.stdout.write))
+
+    def hostile_embedded(self, sizes, seed) -> None:
+        """The hostile-input attack against the embedded site (``manage.py serve``: web,
+        worker and sweeper in one process, on SQLite), in a temporary directory."""
+        with EmbeddedSite(Path(tempfile.mkdtemp(prefix="awaken-hostile-"))) as site:
+            site.wait_ready()
+            viewer = site.manage("operator_token", "hostile-viewer", "--role", "viewer",
+                                 "--create").strip()
+            target = hostile.Target(port=site.port, pid=site.pid, operator=site.token,
+                                    viewer=viewer, log=site.log)
+            self.print_hostile("the embedded site (manage.py serve: web, worker and sweeper "
+                               "in one process), sqlite3, in-memory broker and layer",
+                               hostile.attack(target, sizes, seed=seed, say=self.stdout.write))
+
+    def layout(self) -> str:
+        database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+        return f"{database}, broker {settings.CELERY_BROKER_URL.split(':', 1)[0]}"
+
+    def print_hostile(self, what: str, report) -> None:
+        self.stdout.write(f"\nawaken-site under hostile input: {what}; {os.cpu_count()} cores\n")
+        for line in hostile.table(report):
+            self.stdout.write(line)
 
 
 def statements_bench(transitions: int) -> list:
