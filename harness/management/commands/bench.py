@@ -9,7 +9,9 @@ import asyncio
 import http.client
 import json
 import os
+import socket
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -24,11 +26,21 @@ import websockets
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import transaction
+from django.db import connection, transaction
 
 from awaken_site.celery import app
+from harness import celery_db
 from harness.baseline import bench_hang
-from harness.processes import Processes, ProcessFailed, Web, Worker, wait_until
+from harness.processes import (
+    Process,
+    Processes,
+    ProcessFailed,
+    Web,
+    Worker,
+    database_url,
+    environment,
+    wait_until,
+)
 from runs import domain
 from runs.domain import selectors, sql
 from runs.models import Event, EventKind, Run, RunState
@@ -81,6 +93,11 @@ class Command(BaseCommand):
                             help="lifecycle: runs created and completed.")
         parser.add_argument("--workers", type=int, default=4,
                             help="lifecycle: worker processes.")
+        parser.add_argument("--rounds", type=int, default=1,
+                            help="lifecycle: rounds, each ours then the Celery baseline.")
+        parser.add_argument("--baseline-poll", type=float, default=0.005,
+                            help="lifecycle: seconds between a baseline caller's polls of "
+                                 "the result table (AsyncResult.get's interval).")
         parser.add_argument("--list-runs", type=int, default=100_000,
                             help="list: runs in the database (imported in bulk if fewer).")
         parser.add_argument("--attempts", type=int, default=500,
@@ -103,7 +120,9 @@ class Command(BaseCommand):
             "provider": lambda: self.provider(options["provider_cancels"]),
             "push": lambda: self.push([int(n) for n in options["clients"].split(",")],
                                       options["commits"]),
-            "lifecycle": lambda: self.lifecycle(options["lifecycles"], options["workers"]),
+            "lifecycle": lambda: self.lifecycle(options["lifecycles"], options["workers"],
+                                                options["rounds"], options["no_baseline"],
+                                                options["baseline_poll"]),
             "list": lambda: self.list_latency(options["list_runs"]),
             "memory": lambda: self.memory(options["attempts"]),
             "sql": lambda: self.statements(options["transitions"]),
@@ -243,6 +262,8 @@ class Command(BaseCommand):
             if isinstance(samples, list):
                 p50, p95, p99 = percentiles(samples)
                 figures = f"{len(samples):>6}{p50:>10.2f}{p95:>9.2f}{p99:>9.2f}"
+            elif isinstance(samples, Ratio):
+                figures = f"{'':>6}{samples:>9.2f}x{'':>18}"
             else:
                 figures = f"{'':>6}{samples:>10.1f}{'':>18}"
             self.stdout.write(f"{key!s:>7}  {name:<{width}}{figures}  {note}")
@@ -308,10 +329,13 @@ class Command(BaseCommand):
 
     # --- throughput, list latency, memory ----------------------------------------------------
 
-    def lifecycle(self, total: int, workers: int) -> list:
+    def lifecycle(self, total: int, workers: int, rounds: int = 1, no_baseline: bool = False,
+                  poll: float = 0.005) -> list:
         """Runs created over HTTP by 8 callers and completed by ``workers`` worker processes:
         create -> claim -> one step -> completed, per second, first request to last end.
-        Measured twice: one run per request, then batches of 50 (POST /api/runs/batch/)."""
+        Measured one run per request, then in batches of 50 (POST /api/runs/batch/); then,
+        in the same conditions, the Celery + database baseline (``celery_baseline``), and
+        the ratios of ours to it. ``rounds`` repeats the three, interleaved."""
         spec = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
 
         def singles(count):
@@ -329,23 +353,43 @@ class Command(BaseCommand):
                 made += [run["id"] for run in body["results"]]
             return made
 
-        rows = []
-        with self.system(workers=workers) as (web, _):
-            for how, make in (("one run per request", singles), ("batches of 50", batches)):
-                created: list[str] = []
-                started = time.monotonic()
-                with ThreadPoolExecutor(8) as pool:
-                    for ids in pool.map(make, [total // 8] * 8):
-                        created += ids
-                # Polled gently: the check of thousands of runs is load of its own.
-                wait_until(lambda created=created: Run.objects.filter(
-                    pk__in=created, state=RunState.ENDED).count() == len(created), 600,
-                    "every run to complete", every=0.25)
-                elapsed = time.monotonic() - started
-                completed = Run.objects.filter(pk__in=created, end_cause="completed").count()
-                rows.append((f"{workers} wkr", f"lifecycles per second, {how}",
-                             len(created) / elapsed, f"{completed} of {len(created)} completed "
-                             f"in {elapsed:.1f} s"))
+        rows, rates = [], {"singles": [], "batches": [], "baseline": []}
+        with self.system(workers=workers) as (web, _), \
+                (BaselineSystem(poll) if not no_baseline else _nothing()) as baseline:
+            for round_ in range(1, rounds + 1):
+                key = f"{workers} wkr" if rounds == 1 else f"r{round_}"
+                for how, make, name in (("one run per request", singles, "singles"),
+                                        ("batches of 50", batches, "batches")):
+                    created: list[str] = []
+                    started = time.monotonic()
+                    with ThreadPoolExecutor(8) as pool:
+                        for ids in pool.map(make, [total // 8] * 8):
+                            created += ids
+                    # Polled gently: the check of thousands of runs is load of its own.
+                    wait_until(lambda created=created: Run.objects.filter(
+                        pk__in=created, state=RunState.ENDED).count() == len(created), 600,
+                        "every run to complete", every=0.25)
+                    elapsed = time.monotonic() - started
+                    completed = Run.objects.filter(pk__in=created, end_cause="completed").count()
+                    rates[name].append(len(created) / elapsed)
+                    rows.append((key, f"lifecycles per second, {how}", rates[name][-1],
+                                 f"{completed} of {len(created)} completed in {elapsed:.1f} s"))
+                if baseline is not None:
+                    done, elapsed = baseline.run(total)
+                    rates["baseline"].append(done / elapsed)
+                    rows.append((key, "baseline: Celery + database, tasks per second",
+                                 rates["baseline"][-1],
+                                 f"{done} in {elapsed:.1f} s; {baseline.note}"))
+        if rates["baseline"]:
+            base = statistics.median(rates["baseline"])
+            for name, how, goal in (("singles", "one run per request", 1.0),
+                                    ("batches", "batches of 50", 2.0)):
+                ratio = statistics.median(rates[name]) / base
+                spread = ("" if rounds == 1 else " (rounds: " + ", ".join(
+                    f"{ours / theirs:.2f}" for ours, theirs
+                    in zip(rates[name], rates["baseline"], strict=True)) + ")")
+                rows.append((f"{workers} wkr", f"ratio to the baseline, {how}", Ratio(ratio),
+                             f"goal >= {goal:.1f}x{spread}"))
         return rows
 
     def list_latency(self, target: int, requests: int = 300) -> list:
@@ -440,6 +484,78 @@ def statements_bench(transitions: int) -> list:
         rows.append(("1 run", f"step transition through {name}, CPU of this process",
                      cpu[way] / transitions * 1000, "ms per transition"))
     return rows
+
+
+class Ratio(float):
+    """A figure printed as a ratio (``1.23x``)."""
+
+
+@contextmanager
+def _nothing():
+    yield None
+
+
+class BaselineSystem:
+    """The Celery + database baseline of the lifecycle benchmark (``harness.celery_db``):
+    a prefork worker with 4 processes and 8 callers, each sending the trivial task with
+    ``delay()`` and waiting for its result (polled in the result table every ``poll``
+    seconds). Broker: the project's own (Redis here), on a queue of its own; results:
+    Celery's SQLAlchemy backend on the project's PostgreSQL, in tables of its own, emptied
+    before the worker starts."""
+
+    CALLERS, PROCESSES = 8, 4
+
+    def __init__(self, poll: float):
+        self.poll = poll
+        self.queue = f"awaken-baseline-{uuid.uuid4().hex[:8]}"
+        self.backend = celery_db.backend_url(database_url())
+        self.broker = settings.CELERY_BROKER_URL
+        broker = self.broker.split(":", 1)[0]
+        self.note = (f"prefork -c {self.PROCESSES}, {self.CALLERS} callers, broker {broker} "
+                     f"(the same as ours), task_track_started, results in PostgreSQL "
+                     f"(SQLAlchemy backend), polled every {poll * 1000:g} ms")
+
+    def __enter__(self):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT to_regclass('celery_taskmeta') IS NOT NULL")
+            if cursor.fetchone()[0]:
+                cursor.execute("TRUNCATE celery_taskmeta")
+        self.app = celery_db.make_app(self.broker, self.backend, self.queue)
+        node = f"{self.queue}@{socket.gethostname()}"
+        env = environment({"AWAKEN_BASELINE_BROKER": self.broker,
+                           "AWAKEN_BASELINE_BACKEND": self.backend,
+                           "AWAKEN_BASELINE_QUEUE": self.queue})
+        self.worker = Process(
+            [sys.executable, "-m", "celery", "-A", "harness.celery_db", "worker",
+             "--pool", "prefork", "--concurrency", str(self.PROCESSES), "-n", node,
+             "-Q", self.queue, "--without-mingle", "--without-gossip", "--loglevel", "WARNING"],
+            name=self.queue, env=env)
+        try:
+            wait_until(lambda: bool(self.app.control.ping(destination=[node], timeout=0.5)),
+                       90, "the baseline worker to answer")
+            self.run(4 * self.CALLERS)  # warm-up: the result table, connections, children
+        except BaseException:
+            self.worker.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info):
+        self.worker.stop()
+
+    def run(self, total: int) -> tuple[int, float]:
+        """``total`` tasks through 8 callers: (tasks done, seconds)."""
+        trivial = self.app.tasks["baseline.trivial"]
+
+        def caller(count):
+            for number in range(count):
+                if trivial.delay(number).get(timeout=60, interval=self.poll) != number + 1:
+                    raise CommandError("the baseline task returned a wrong result")
+            return count
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(self.CALLERS) as pool:
+            done = sum(pool.map(caller, [total // self.CALLERS] * self.CALLERS))
+        return done, time.monotonic() - started
 
 
 def rss_kib(pid: int) -> int:
