@@ -561,6 +561,27 @@ class Event(models.Model):
         return f"#{self.seq} {self.kind} {self.run_id}"
 
 
+class MetricDelta(models.Model):
+    """One change to a whole-system total of /metrics, written by the database's own
+    triggers in the transaction that changed the rows counted (migration
+    ``0017_metric_totals``): runs by state and end cause, attempts lost, and cancel or
+    stop requests applied by path and time to stop. The scrape folds the rows into one
+    per total (``runs.domain.totals``), so it reads a few dozen rows however many runs,
+    attempts and requests the database holds.
+
+    ``name`` and ``key``: ``runs`` / ``state|end_cause``, ``lost`` / ``""``, ``stop`` /
+    ``path|bucket`` (the index of the first bound of ``STOP_BUCKETS`` the time is within,
+    their count if none) and ``stop_sum`` / ``path`` (seconds)."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=16)
+    key = models.CharField(max_length=64)
+    value = models.FloatField()
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.key} {self.value:+g}"
+
+
 class WorkerProcess(models.Model):
     """What each worker process last reported with its lease renewal: read by /metrics."""
 

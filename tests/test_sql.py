@@ -97,3 +97,62 @@ def test_every_identifier_is_quoted():
                       f"{quote('version')} = %s WHERE {quote('id')} = %s")
     reader = sql._reader(Run)
     assert f"FROM {quote('runs_run')} WHERE {quote('id')} = %s" in reader.sql
+
+
+def test_write_makes_every_part_and_reads_back_keys_as_the_single_statements_would():
+    run, generation = running_run()
+    child, ended = queued_run(parent_id=run.pk), queued_run(parent_id=run.pk)
+    now = timezone.now()
+    Run.objects.filter(pk=ended.pk).update(state=RunState.ENDED, end_cause="cancelled",
+                                           ended_at=now)
+    run.steps, run.version = run.steps + 1, run.version + 1
+    events = (Event(run=run, version=run.version, kind=EventKind.STEP, state=run.state,
+                    generation=generation, data={"step": run.steps}),)
+    with transaction.atomic():
+        keys = sql.write(
+            sql.UpdateWhere(Attempt, {"state": AttemptState.CLOSED,
+                                      "close_reason": CloseReason.PAUSED, "closed_at": now},
+                            {"run": run.pk, "state": AttemptState.LIVE}),
+            sql.Update(run, ("steps", "version", "updated_at")),
+            sql.Insert(events),
+            sql.Keys(Run, {"parent": run.pk}, {"state": RunState.ENDED}))
+    assert keys == [child.pk]
+    assert columns(run)["steps"] == run.steps and columns(run)["version"] == run.version
+    assert Attempt.objects.get(run=run, generation=generation).state == AttemptState.CLOSED
+    assert events[0].seq is not None and events[0]._state.adding is False
+    assert columns(events[0])["data"] == {"step": run.steps}
+
+
+def test_write_of_inserts_that_refer_to_each_other_in_one_statement():
+    now = timezone.now()
+    runs = tuple(Run(agent="demo.steps", input={"n": n}, dispatched_at=now, version=1)
+                 for n in range(3))
+    events = tuple(Event(run=run, version=1, kind=EventKind.CREATED, state=run.state,
+                         generation=0, data={"n": n}) for n, run in enumerate(runs))
+    with transaction.atomic():
+        assert sql.write(sql.Insert(runs), sql.Insert(events)) == []
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    for run, event in zip(runs, events, strict=True):
+        assert Event.objects.get(seq=event.seq).run_id == run.pk
+        assert columns(run)["input"] == run.input
+
+
+def test_lock_many_at_reads_the_database_clock_with_the_rows():
+    run = queued_run()
+    with transaction.atomic():
+        rows, clock = sql.lock_many_at(Run, [run.pk])
+        assert [r.pk for r in rows] == [run.pk]
+        if connection.vendor == "postgresql":
+            assert abs((clock - timezone.now()).total_seconds()) < 60
+        else:
+            assert clock is None
+        assert sql.lock_many_at(Run, [uuid.uuid4()]) == ([], None)
+
+
+def test_the_statement_of_write_quotes_every_identifier():
+    quote = connection.ops.quote_name
+    statement = sql._write_sql((("update", Run, ("state",)),
+                                ("keys", Run, ("parent",), ("state",))))
+    assert f"UPDATE {quote('runs_run')} SET {quote('state')} = %s" in statement
+    assert (f"SELECT {quote('id')} FROM {quote('runs_run')} WHERE {quote('parent_id')} = %s "
+            f"AND {quote('state')} <> %s") in statement

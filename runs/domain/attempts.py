@@ -23,7 +23,7 @@ from runs.domain.core import (
     end_children,
     finish,
     locked_run,
-    locked_runs,
+    locked_runs_at,
     pending_intent,
     record,
     record_each,
@@ -64,11 +64,12 @@ def attempts_start(*, run_ids, owner: str, lease_seconds: float) -> list[Attempt
     that arrived in one task message. The others are skipped; unknown ids are ignored."""
     with transaction.atomic():
         now = timezone.now()
-        runs = [run for run in locked_runs(run_ids) if run.state == RunState.QUEUED
+        locked, clock = locked_runs_at(run_ids)
+        runs = [run for run in locked if run.state == RunState.QUEUED
                 and not (run.start_after and run.start_after > now)]
         if not runs:
             return []
-        expires = database_now() + timedelta(seconds=lease_seconds)
+        expires = (clock or database_now()) + timedelta(seconds=lease_seconds)
         attempts = []
         for run in runs:
             run.state = RunState.RUNNING
@@ -77,10 +78,10 @@ def attempts_start(*, run_ids, owner: str, lease_seconds: float) -> list[Attempt
             run.owner, run.claimed_at = owner, now
             attempts.append(Attempt(run=run, generation=run.generation, owner=owner,
                                     lease_expires_at=expires))
-        sql.insert(*attempts)
         record_each(runs, EventKind.STARTED,
                     fields=("state", "generation", "started_at", "owner", "claimed_at"),
-                    actor=owner, source="worker", data={"owner": owner})
+                    actor=owner, source="worker", data={"owner": owner},
+                    also=(sql.Insert(tuple(attempts)),))
     return attempts
 
 

@@ -63,13 +63,19 @@ def locked_run(run_id) -> Run:
 def locked_runs(run_ids) -> list[Run]:
     """The runs of ``run_ids`` that exist, row-locked in the order of their ids (so two
     transactions locking overlapping sets never wait for each other in a cycle)."""
+    return locked_runs_at(run_ids)[0]
+
+
+def locked_runs_at(run_ids) -> tuple[list[Run], object]:
+    """``locked_runs``, and the database's clock read by the same statement (None when
+    it could not be read so: no run locked, or not PostgreSQL; ask ``database_now``)."""
     pks = set()
     for run_id in run_ids:
         try:
             pks.add(Run._meta.pk.to_python(run_id))
         except ValidationError:  # not a UUID: no such run
             continue
-    return sql.lock_many(Run, sorted(pks))
+    return sql.lock_many_at(Run, sorted(pks))
 
 
 def record(
@@ -87,23 +93,47 @@ def record(
 
 def record_each(runs: list[Run], kind: str, *, fields: tuple[str, ...] = (),
                 actor: str | None = None, source: str | None = None,
-                data: dict | None = None) -> list[Event]:
+                data: dict | None = None, also: tuple = ()) -> list[Event]:
     """``record`` for several locked runs that take the same step (a claim of a task
-    message's runs): one UPDATE per run, one INSERT for all their events."""
+    message's runs): the runs' updates and the insert of all their events in one statement
+    (``sql.write``), with the writes ``also`` made in it first (the claim's attempts)."""
+    return _transition(runs, kind, fields=fields, actor=actor, source=source,
+                       data=lambda run: dict(data or {}), also=also)[0]
+
+
+def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, source, data,
+                also: tuple = (), children_of: Run | None = None):
+    """Bump the version of each locked run of ``runs``, write its ``fields`` and one
+    ``kind`` event for it, and the writes ``also``: one statement on PostgreSQL. With
+    ``children_of``, the same statement reads the ids of that run's children that have not
+    ended. Returns ``(events, child ids)``; each run is announced with its event once the
+    transaction commits."""
+    events = []
     for run in runs:
         run.version += 1
-        sql.update(run, (*fields, "version", "updated_at"))
-    return _write_events(runs, kind, actor=actor, source=source,
-                         data=lambda run: dict(data or {}))
+        events.append(Event(run=run, version=run.version, kind=kind, state=run.state,
+                            end_cause=run.end_cause, generation=run.generation, actor=actor,
+                            source=source, data=data(run)))
+    parts = [*also, *(sql.Update(run, (*fields, "version", "updated_at")) for run in runs),
+             sql.Insert(tuple(events))]
+    if children_of is not None:
+        parts.append(sql.Keys(Run, {"parent": children_of.pk}, {"state": RunState.ENDED}))
+    children = sql.write(*parts)
+    after_commit(ports.changes.announce, changes=list(zip(runs, events, strict=True)))
+    return events, children
 
 
 def record_created(runs: list[Run], *, actor: str | None, source: str) -> None:
     """Insert new ``runs`` as version 1, each with its ``created`` event: one statement for
-    the runs and one for the events, however many there are."""
+    the runs and their events (``sql.write``), however many there are."""
+    events = []
     for run in runs:
         run.version = 1
-    sql.insert(*runs)
-    _write_events(runs, EventKind.CREATED, actor=actor, source=source, data=_created_data)
+        events.append(Event(run=run, version=1, kind=EventKind.CREATED, state=run.state,
+                            end_cause=run.end_cause, generation=run.generation, actor=actor,
+                            source=source, data=_created_data(run)))
+    sql.write(sql.Insert(tuple(runs)), sql.Insert(tuple(events)))
+    after_commit(ports.changes.announce, changes=list(zip(runs, events, strict=True)))
 
 
 def _created_data(run: Run) -> dict:
@@ -111,19 +141,6 @@ def _created_data(run: Run) -> dict:
     if run.rerun_of_id is not None:
         data["rerun_of"] = str(run.rerun_of_id)
     return data
-
-
-def _write_events(runs: list[Run], kind: str, *, actor, source, data) -> list[Event]:
-    """Insert one ``kind`` event per run at its current version (one statement), and
-    announce each run with its event once the transaction commits."""
-    if not runs:
-        return []
-    events = [Event(run=run, version=run.version, kind=kind, state=run.state,
-                    end_cause=run.end_cause, generation=run.generation, actor=actor,
-                    source=source, data=data(run)) for run in runs]
-    sql.insert(*events)
-    after_commit(ports.changes.announce, changes=list(zip(runs, events, strict=True)))
-    return events
 
 
 def after_commit(fn, /, **kwargs) -> None:
@@ -250,9 +267,12 @@ def finish(
 
     now = timezone.now()
     fields = ["state", "end_cause", "ended_at"]
+    also = ()
     if run.state == RunState.RUNNING:
         lost = via == AppliedVia.SWEEPER
-        fields += release_claim(run, CloseReason.LOST if lost else ending.cause, now=now)
+        released, close = _release(run, CloseReason.LOST if lost else ending.cause, now=now)
+        fields += released
+        also = (close,)
     if run.ticket is not None:
         run.ticket.state = TicketState.REVOKED
         run.ticket.closed_at = now
@@ -280,19 +300,23 @@ def finish(
         run.stop_code = data["stop_code"] = ending.stop_code
         run.stop_reason = data["stop_reason"] = ending.stop_reason
         fields += ["stop_code", "stop_reason"]
-    record(run, EventKind.ENDED, fields=tuple(fields), actor=actor, source=source, data=data)
-    end_children(run, actor=actor, source=source)
+    _, children = _transition([run], EventKind.ENDED, fields=tuple(fields), actor=actor,
+                              source=source, data=lambda _: data, also=also, children_of=run)
+    end_children(run, actor=actor, source=source, children=children)
     return True
 
 
-def end_children(parent: Run, *, actor: str | None, source: str | None) -> None:
+def end_children(parent: Run, *, actor: str | None, source: str | None,
+                 children: list | None = None) -> None:
     """No child runs on under an ended or lost parent (SPEC §7.10): each child that has not
     ended gets a cancel intent of its own naming the parent as the cause, in the parent's
     transaction. A queued or awaiting child ends at once (and its own children with it); a
     running one is told live after commit, and its lease renewal or expiry applies the
-    intent if the signal is lost. A child with a request already pending keeps it."""
-    children = list(Run.objects.filter(parent_id=parent.pk).exclude(state=RunState.ENDED)
-                    .order_by("pk").values_list("pk", flat=True))
+    intent if the signal is lost. A child with a request already pending keeps it.
+    ``children``: their ids, when the caller has read them already."""
+    if children is None:
+        children = list(Run.objects.filter(parent_id=parent.pk).exclude(state=RunState.ENDED)
+                        .order_by("pk").values_list("pk", flat=True))
     for child_id in children:
         child = locked_run(child_id)
         if child.state == RunState.ENDED or pending_intent(child) is not None:
@@ -328,8 +352,17 @@ def release_claim(run: Run, reason: str, *, now) -> list[str]:
 
     The attempt's running time is added to the run's ``seconds_used``.
     """
-    sql.update_where(Attempt, {"state": AttemptState.CLOSED, "close_reason": CloseReason(reason),
-                               "closed_at": now}, run=run.pk, state=AttemptState.LIVE)
+    fields, close = _release(run, reason, now=now)
+    sql.write(close)
+    return fields
+
+
+def _release(run: Run, reason: str, *, now) -> tuple[list[str], "sql.UpdateWhere"]:
+    """``release_claim`` with the closing of the attempt left to the caller to write: the
+    run fields changed, and that write."""
+    close = sql.UpdateWhere(Attempt, {"state": AttemptState.CLOSED,
+                                      "close_reason": CloseReason(reason), "closed_at": now},
+                            {"run": run.pk, "state": AttemptState.LIVE})
     run.seconds_used += max(0.0, (now - run.claimed_at).total_seconds())
     run.owner = run.claimed_at = None
-    return ["seconds_used", "owner", "claimed_at"]
+    return ["seconds_used", "owner", "claimed_at"], close

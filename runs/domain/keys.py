@@ -44,6 +44,9 @@ def user_for_api_key(*, key: str, address: str):
     2. Look the key up by its digest; a right key is read with the locks and the user's
        roles in one query.
     3. If no active user has it, count a failure for the address and the prefix.
+
+    A good key costs one statement: its lookup reads the locks too. Only a key that is not
+    found needs a statement of its own for them.
     """
     well_formed = KEY_FORMAT.fullmatch(key) is not None
     idents = [(AuthScope.ADDRESS, address[:64])]

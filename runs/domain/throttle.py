@@ -14,7 +14,7 @@ from math import ceil
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Q, Subquery, Value, When
+from django.db.models import Case, F, Max, Q, Subquery, Value, When
 from django.utils import timezone
 
 from runs.models import AuthFailure, AuthScope
@@ -39,13 +39,12 @@ def _locks(idents: list[Ident], now):
 def locked_for(idents: list[Ident]) -> int:
     """Whole seconds until none of ``idents`` is locked any more; 0 when none is."""
     now = timezone.now()
-    return seconds_left(max(_locks(idents, now).values_list("last_failed_at", flat=True),
-                            default=None), now)
+    return seconds_left(_locks(idents, now).aggregate(last=Max("last_failed_at"))["last"], now)
 
 
 def last_lock(idents: list[Ident], now) -> Subquery:
-    """``locked_for`` as a subquery, to be read with another row: the last failure of a
-    locked ident, or NULL; ``seconds_left`` turns it into seconds."""
+    """The last failure of those of ``idents`` that are locked at ``now`` (NULL when none
+    is), as a subquery: a key's lookup reads it in its own statement."""
     return Subquery(_locks(idents, now).order_by("-last_failed_at")
                     .values("last_failed_at")[:1])
 

@@ -2,41 +2,44 @@
 
 What the database knows (runs by state, pending intents, time to stop by path, lease
 expiries) is read at scrape time, so every web process reports the same, whole-system
-figures. What happens inside one process (NotActive answers, ``runs.wire.web_side``) is
-counted by that process.
+figures. The totals are kept by the database as changes commit (``runs.domain.totals``),
+so a scrape costs the same with a thousand runs or a million. What happens inside one
+process (NotActive answers, ``runs.wire.web_side``) is counted by that process.
 """
 
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Count
 from django.utils import timezone
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from runs.domain.overview import time_to_stop
-from runs.models import Attempt, CloseReason, ControlIntent, Run, WorkerProcess
+from runs.domain.totals import totals
+from runs.models import ControlIntent, WorkerProcess
 
 
 class DatabaseCollector:
     """Whole-system figures, read from the database when scraped."""
 
     def collect(self):
+        now = totals()
         runs = GaugeMetricFamily("awaken_runs", "Runs by state and end cause.",
                                  labels=["state", "end_cause"])
-        for row in Run.objects.values("state", "end_cause").annotate(n=Count("pk")).order_by():
-            runs.add_metric([row["state"], row["end_cause"] or ""], row["n"])
+        for (state, end_cause), count in sorted(now["runs"].items()):
+            runs.add_metric([state, end_cause], count)
         yield runs
 
+        # Bounded by the requests pending, through the partial unique index on them
+        # (runs_intent_one_pending_per_run).
         yield GaugeMetricFamily(
             "awaken_pending_intents", "Cancel or stop requests not yet applied.",
             value=ControlIntent.objects.filter(applied_at__isnull=True).count())
 
-        yield self.time_to_stop()
+        yield self.time_to_stop(now["time_to_stop"])
 
         yield CounterMetricFamily(
             "awaken_lease_expiries", "Attempts whose lease expired (worker lost or frozen).",
-            value=Attempt.objects.filter(close_reason=CloseReason.LOST).count())
+            value=now["lost"])
 
         yield from self.workers()
 
@@ -58,13 +61,13 @@ class DatabaseCollector:
         yield live
         yield abandoned
 
-    def time_to_stop(self) -> HistogramMetricFamily:
+    def time_to_stop(self, rows) -> HistogramMetricFamily:
         """Requested -> terminal state committed, by the path that committed it."""
         family = HistogramMetricFamily(
             "awaken_time_to_stop_seconds",
             "From a cancel or stop request to the committed terminal state, by path "
             "(live attempt, durable path, sweeper).", labels=["path"])
-        for row in time_to_stop():
+        for row in rows:
             family.add_metric([row["path"]], row["buckets"], row["sum"])
         return family
 

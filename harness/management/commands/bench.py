@@ -9,7 +9,9 @@ import asyncio
 import http.client
 import json
 import os
+import socket
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -24,15 +26,27 @@ import websockets
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Count
 
 from awaken_site.celery import app
-from harness import hostile
+from harness import celery_db, hostile
 from harness.baseline import bench_hang
-from harness.processes import EmbeddedSite, Processes, ProcessFailed, Web, Worker, wait_until
+from harness.processes import (
+    EmbeddedSite,
+    Process,
+    Processes,
+    ProcessFailed,
+    Web,
+    Worker,
+    database_url,
+    environment,
+    wait_until,
+)
 from runs import domain
 from runs.domain import selectors, sql
-from runs.models import Event, EventKind, Run, RunState
+from runs.domain.overview import time_to_stop
+from runs.models import Attempt, CloseReason, ControlIntent, Event, EventKind, Run, RunState
 from runs.providers.stub import StubServer
 
 
@@ -65,7 +79,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("what", nargs="?", default="all",
                             choices=["all", "cancel", "provider", "push", "lifecycle", "list",
-                                     "memory", "sql", "hostile"])
+                                     "memory", "sql", "metrics", "hostile"])
         parser.add_argument("--live", default="1,100,500",
                             help="cancel: numbers of other live attempts on the worker.")
         parser.add_argument("--cancels", type=int, default=300, help="cancel: samples per level.")
@@ -82,6 +96,11 @@ class Command(BaseCommand):
                             help="lifecycle: runs created and completed.")
         parser.add_argument("--workers", type=int, default=4,
                             help="lifecycle: worker processes.")
+        parser.add_argument("--rounds", type=int, default=1,
+                            help="lifecycle: rounds, each ours then the Celery baseline.")
+        parser.add_argument("--baseline-poll", type=float, default=0.005,
+                            help="lifecycle: seconds between a baseline caller's polls of "
+                                 "the result table (AsyncResult.get's interval).")
         parser.add_argument("--list-runs", type=int, default=100_000,
                             help="list: runs in the database (imported in bulk if fewer).")
         parser.add_argument("--attempts", type=int, default=500,
@@ -95,6 +114,10 @@ class Command(BaseCommand):
                             help="hostile: size of every phase, 1 being the full attack.")
         parser.add_argument("--seed", type=int, default=None,
                             help="hostile: the socket fuzzer's seed (random by default).")
+        parser.add_argument("--metrics-runs", type=int, default=1_000_000,
+                            help="metrics: runs in the database (inserted in bulk if fewer).")
+        parser.add_argument("--scrapes", type=int, default=300,
+                            help="metrics: scrapes of /metrics measured.")
 
     def handle(self, what, **options):
         if what == "sql":  # in this process alone: the database is all it needs
@@ -114,10 +137,13 @@ class Command(BaseCommand):
             "provider": lambda: self.provider(options["provider_cancels"]),
             "push": lambda: self.push([int(n) for n in options["clients"].split(",")],
                                       options["commits"]),
-            "lifecycle": lambda: self.lifecycle(options["lifecycles"], options["workers"]),
+            "lifecycle": lambda: self.lifecycle(options["lifecycles"], options["workers"],
+                                                options["rounds"], options["no_baseline"],
+                                                options["baseline_poll"]),
             "list": lambda: self.list_latency(options["list_runs"]),
             "memory": lambda: self.memory(options["attempts"]),
             "sql": lambda: self.statements(options["transitions"]),
+            "metrics": lambda: self.metrics(options["metrics_runs"], options["scrapes"]),
         }
         if what == "hostile":
             self.hostile(hostile.Sizes.scaled(options["scale"]), options["seed"])
@@ -264,6 +290,8 @@ class Command(BaseCommand):
             if isinstance(samples, list):
                 p50, p95, p99 = percentiles(samples)
                 figures = f"{len(samples):>6}{p50:>10.2f}{p95:>9.2f}{p99:>9.2f}"
+            elif isinstance(samples, Ratio):
+                figures = f"{'':>6}{samples:>9.2f}x{'':>18}"
             else:
                 figures = f"{'':>6}{samples:>10.1f}{'':>18}"
             self.stdout.write(f"{key!s:>7}  {name:<{width}}{figures}  {note}")
@@ -329,10 +357,13 @@ class Command(BaseCommand):
 
     # --- throughput, list latency, memory ----------------------------------------------------
 
-    def lifecycle(self, total: int, workers: int) -> list:
+    def lifecycle(self, total: int, workers: int, rounds: int = 1, no_baseline: bool = False,
+                  poll: float = 0.005) -> list:
         """Runs created over HTTP by 8 callers and completed by ``workers`` worker processes:
         create -> claim -> one step -> completed, per second, first request to last end.
-        Measured twice: one run per request, then batches of 50 (POST /api/runs/batch/)."""
+        Measured one run per request, then in batches of 50 (POST /api/runs/batch/); then,
+        in the same conditions, the Celery + database baseline (``celery_baseline``), and
+        the ratios of ours to it. ``rounds`` repeats the three, interleaved."""
         spec = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
 
         def singles(count):
@@ -350,23 +381,53 @@ class Command(BaseCommand):
                 made += [run["id"] for run in body["results"]]
             return made
 
-        rows = []
-        with self.system(workers=workers) as (web, _):
-            for how, make in (("one run per request", singles), ("batches of 50", batches)):
-                created: list[str] = []
-                started = time.monotonic()
-                with ThreadPoolExecutor(8) as pool:
-                    for ids in pool.map(make, [total // 8] * 8):
-                        created += ids
-                # Polled gently: the check of thousands of runs is load of its own.
-                wait_until(lambda created=created: Run.objects.filter(
-                    pk__in=created, state=RunState.ENDED).count() == len(created), 600,
-                    "every run to complete", every=0.25)
-                elapsed = time.monotonic() - started
-                completed = Run.objects.filter(pk__in=created, end_cause="completed").count()
-                rows.append((f"{workers} wkr", f"lifecycles per second, {how}",
-                             len(created) / elapsed, f"{completed} of {len(created)} completed "
-                             f"in {elapsed:.1f} s"))
+        rows, rates = [], {"singles": [], "batches": [], "baseline": []}
+        with self.system(workers=workers) as (web, started_workers), \
+                (BaselineSystem(poll) if not no_baseline else _nothing()) as baseline:
+            ours = {"web": [web.pid], "workers": [w.pid for w in started_workers],
+                    "callers": [os.getpid()]}
+            for round_ in range(1, rounds + 1):
+                key = f"{workers} wkr" if rounds == 1 else f"r{round_}"
+                for how, make, name in (("one run per request", singles, "singles"),
+                                        ("batches of 50", batches, "batches")):
+                    created: list[str] = []
+                    cpu = CpuMeter(ours)
+                    started = time.monotonic()
+                    with ThreadPoolExecutor(8) as pool:
+                        for ids in pool.map(make, [total // 8] * 8):
+                            created += ids
+                    # Polled gently: the check of thousands of runs is load of its own.
+                    wait_until(lambda created=created: Run.objects.filter(
+                        pk__in=created, state=RunState.ENDED).count() == len(created), 600,
+                        "every run to complete", every=0.25)
+                    elapsed = time.monotonic() - started
+                    spent = cpu.per(len(created))
+                    completed = Run.objects.filter(pk__in=created, end_cause="completed").count()
+                    rates[name].append(len(created) / elapsed)
+                    rows.append((key, f"lifecycles per second, {how}", rates[name][-1],
+                                 f"{completed} of {len(created)} completed in {elapsed:.1f} s"))
+                    rows.append((key, f"CPU ms per lifecycle, {how}", spent.pop("total"),
+                                 ", ".join(f"{k} {v:.2f}" for k, v in spent.items())))
+                if baseline is not None:
+                    cpu = CpuMeter({"worker": [baseline.worker.pid], "callers": [os.getpid()]})
+                    done, elapsed = baseline.run(total)
+                    spent = cpu.per(done)
+                    rates["baseline"].append(done / elapsed)
+                    rows.append((key, "baseline: Celery + database, tasks per second",
+                                 rates["baseline"][-1],
+                                 f"{done} in {elapsed:.1f} s; {baseline.note}"))
+                    rows.append((key, "baseline: CPU ms per task", spent.pop("total"),
+                                 ", ".join(f"{k} {v:.2f}" for k, v in spent.items())))
+        if rates["baseline"]:
+            base = statistics.median(rates["baseline"])
+            for name, how, goal in (("singles", "one run per request", 1.0),
+                                    ("batches", "batches of 50", 2.0)):
+                ratio = statistics.median(rates[name]) / base
+                spread = ("" if rounds == 1 else " (rounds: " + ", ".join(
+                    f"{ours / theirs:.2f}" for ours, theirs
+                    in zip(rates[name], rates["baseline"], strict=True)) + ")")
+                rows.append((f"{workers} wkr", f"ratio to the baseline, {how}", Ratio(ratio),
+                             f"goal >= {goal:.1f}x{spread}"))
         return rows
 
     def list_latency(self, target: int, requests: int = 300) -> list:
@@ -398,6 +459,41 @@ class Command(BaseCommand):
                     assert status == 200, status
                 rows.append((f"{Run.objects.count() // 1000}k", f"run list API, {name}",
                              samples, "50 runs a page"))
+        return rows
+
+    def metrics(self, target: int, scrapes: int) -> list:
+        """GET /metrics with ``target`` runs in the database (each with an attempt, one in
+        twelve lost, and a cancel or stop request applied for those cancelled or stopped),
+        then the same whole-system figures counted from the whole tables, as /metrics did
+        before the database kept them (a few samples: each reads every row)."""
+        missing = target - Run.objects.count()
+        if missing > 0:
+            self.stdout.write(f"inserting {missing} runs for the metrics benchmark...")
+            started = time.monotonic()
+            bulk_history(missing)
+            self.stdout.write(f"... in {time.monotonic() - started:.0f} s")
+        size = f"{Run.objects.count() / 1e6:.1f}M" if target >= 100_000 else f"{target}"
+        rows = []
+        with self.system(workers=0) as (web, _):
+            client = Client(web.port, self.token)
+            samples = []
+            for _ in range(scrapes + 5):
+                started = time.monotonic()
+                client.connection.request("GET", "/metrics")
+                response = client.connection.getresponse()
+                response.read()
+                samples.append((time.monotonic() - started) * 1000)
+                if response.status != 200:
+                    raise CommandError(f"/metrics answered {response.status}")
+            rows.append((size, "GET /metrics", samples[5:],
+                         "totals kept by the database's triggers"))
+        whole = []
+        for _ in range(5):
+            started = time.monotonic()
+            whole_table_figures()
+            whole.append((time.monotonic() - started) * 1000)
+        rows.append((size, "the same totals counted from the whole tables", whole,
+                     "what each scrape did before; in this process"))
         return rows
 
     def statements(self, transitions: int) -> list:
@@ -510,6 +606,188 @@ def cpu_ns(pid: int) -> int:
         except (FileNotFoundError, ProcessLookupError):
             pass
     return total
+class CpuMeter:
+    """CPU time (user + system) spent from now on by groups of processes, each with its
+    descendants (a prefork worker's children), and by this database's PostgreSQL backends:
+    a figure that a loaded machine disturbs far less than throughput. Processes that exit
+    meanwhile take their CPU with them, so it is a floor."""
+
+    TICK = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self, groups: dict[str, list[int]]):
+        self.groups = groups
+        self.start = self.read()
+
+    def read(self) -> dict[str, dict[int, float]]:
+        figures = {name: {pid: self.cpu(pid) for root in roots for pid in self.tree(root)}
+                   for name, roots in self.groups.items()}
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = "
+                           "current_database() AND pid <> pg_backend_pid()")
+            figures["PostgreSQL"] = {pid: self.cpu(pid) for (pid,) in cursor.fetchall()}
+        return figures
+
+    def per(self, count: int) -> dict[str, float]:
+        """Milliseconds of CPU per item of ``count`` since made, by group, and ``total``."""
+        end = self.read()
+        spent = {name: sum(seconds - self.start[name].get(pid, 0.0)
+                           for pid, seconds in end[name].items()) * 1000 / max(count, 1)
+                 for name in end}
+        return {"total": sum(spent.values()), **spent}
+
+    @classmethod
+    def cpu(cls, pid: int) -> float:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / cls.TICK  # utime, stime
+
+    @classmethod
+    def tree(cls, pid: int) -> list[int]:
+        found, todo = [], [pid]
+        while todo:
+            current = todo.pop()
+            found.append(current)
+            try:
+                for task in os.listdir(f"/proc/{current}/task"):
+                    with open(f"/proc/{current}/task/{task}/children") as children:
+                        todo += [int(child) for child in children.read().split()]
+            except OSError:
+                continue
+        return found
+
+
+class Ratio(float):
+    """A figure printed as a ratio (``1.23x``)."""
+
+
+@contextmanager
+def _nothing():
+    yield None
+
+
+class BaselineSystem:
+    """The Celery + database baseline of the lifecycle benchmark (``harness.celery_db``):
+    a prefork worker with 4 processes and 8 callers, each sending the trivial task with
+    ``delay()`` and waiting for its result (polled in the result table every ``poll``
+    seconds). Broker: the project's own (Redis here), on a queue of its own; results:
+    Celery's SQLAlchemy backend on the project's PostgreSQL, in tables of its own, emptied
+    before the worker starts; the callers' connections pooled."""
+
+    CALLERS, PROCESSES = 8, 4
+
+    def __init__(self, poll: float):
+        self.poll = poll
+        self.queue = f"awaken-baseline-{uuid.uuid4().hex[:8]}"
+        self.backend = celery_db.backend_url(database_url())
+        self.broker = settings.CELERY_BROKER_URL
+        broker = self.broker.split(":", 1)[0]
+        self.note = (f"prefork -c {self.PROCESSES}, {self.CALLERS} callers, broker {broker} "
+                     f"(the same as ours), task_track_started, results in PostgreSQL "
+                     f"(SQLAlchemy backend), polled every {poll * 1000:g} ms")
+
+    def __enter__(self):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT to_regclass('celery_taskmeta') IS NOT NULL")
+            if cursor.fetchone()[0]:
+                cursor.execute("TRUNCATE celery_taskmeta")
+        self.app = celery_db.make_app(self.broker, self.backend, self.queue)
+        # The callers keep their database connections in a pool, as they would in a web
+        # server's (forked) process: outside a fork, Celery's backend opens a new connection
+        # for each poll, which would make the baseline a strawman.
+        self.app.backend.session_manager.forked = True
+        node = f"{self.queue}@{socket.gethostname()}"
+        env = environment({"AWAKEN_BASELINE_BROKER": self.broker,
+                           "AWAKEN_BASELINE_BACKEND": self.backend,
+                           "AWAKEN_BASELINE_QUEUE": self.queue})
+        self.worker = Process(
+            [sys.executable, "-m", "celery", "-A", "harness.celery_db", "worker",
+             "--pool", "prefork", "--concurrency", str(self.PROCESSES), "-n", node,
+             "-Q", self.queue, "--without-mingle", "--without-gossip", "--loglevel", "WARNING"],
+            name=self.queue, env=env)
+        try:
+            wait_until(lambda: bool(self.app.control.ping(destination=[node], timeout=0.5)),
+                       90, "the baseline worker to answer")
+            self.run(4 * self.CALLERS)  # warm-up: the result table, connections, children
+        except BaseException:
+            self.worker.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info):
+        self.worker.stop()
+
+    def run(self, total: int) -> tuple[int, float]:
+        """``total`` tasks through 8 callers: (tasks done, seconds)."""
+        trivial = self.app.tasks["baseline.trivial"]
+
+        def caller(count):
+            for number in range(count):
+                if trivial.delay(number).get(timeout=60, interval=self.poll) != number + 1:
+                    raise CommandError("the baseline task returned a wrong result")
+            return count
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(self.CALLERS) as pool:
+            done = sum(pool.map(caller, [total // self.CALLERS] * self.CALLERS))
+        return done, time.monotonic() - started
+
+
+def bulk_history(count: int, chunk: int = 100_000) -> None:
+    """Insert ``count`` ended runs on PostgreSQL, ``chunk`` per statement, each with one
+    closed attempt (one in twelve lost), and, for those cancelled or stopped, the request
+    applied (by the live, durable or sweeper path, after 2 to 500 ms). No events: /metrics
+    reads none. As ``runs_import``, history for a benchmark."""
+    run, attempt, intent = (connection.ops.quote_name(model._meta.db_table)
+                            for model in (Run, Attempt, ControlIntent))
+    statement = f"""
+        WITH made AS (
+            INSERT INTO {run} (id, agent, input, thread_id, state, end_cause, stop_code,
+                               stop_reason, error, generation, steps, tokens, seconds_used,
+                               crash_retries, version, request_fingerprint, created_at,
+                               started_at, ended_at, updated_at, dispatched_at)
+            SELECT gen_random_uuid(), 'demo.steps', '{{}}'::jsonb, 'bench-metrics', 'ended',
+                   cause, CASE WHEN cause = 'stopped' THEN 'operator' END,
+                   CASE WHEN cause = 'stopped' THEN 'benchmark' END,
+                   CASE WHEN cause = 'failed' THEN 'benchmark' END, 1, 1, 0, 0.5, 0, 3, '',
+                   at, at, at + interval '1 second', at + interval '1 second', at
+            FROM (SELECT (ARRAY['completed', 'completed', 'completed', 'failed', 'cancelled',
+                                'stopped'])[1 + n % 6] AS cause, n,
+                         now() - (n * interval '1 second') AS at
+                  FROM generate_series(1, %s) AS n) AS source
+            RETURNING id, end_cause, created_at, ended_at),
+        attempts AS (
+            INSERT INTO {attempt} (run_id, generation, state, close_reason, owner,
+                                   lease_expires_at, started_at, closed_at)
+            SELECT id, 1, 'closed',
+                   CASE WHEN random() < 1.0 / 12 THEN 'lost' ELSE end_cause END,
+                   'bench', ended_at, created_at, ended_at FROM made)
+        INSERT INTO {intent} (run_id, action, reason, stop_code, requested_by, source,
+                              requested_at, applied_at, applied_via)
+        SELECT id, CASE WHEN end_cause = 'stopped' THEN 'stop' ELSE 'cancel' END,
+               CASE WHEN end_cause = 'stopped' THEN 'benchmark' END,
+               CASE WHEN end_cause = 'stopped' THEN 'operator' END, 'bench', 'api',
+               ended_at - (0.002 + random() * 0.5) * interval '1 second', ended_at,
+               (ARRAY['live', 'durable', 'sweeper'])[1 + floor(random() * 3)::int]
+        FROM made WHERE end_cause IN ('cancelled', 'stopped')"""
+    done = 0
+    while done < count:
+        size = min(chunk, count - done)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(statement, [size])
+        done += size
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {run}, {attempt}, {intent}")
+
+
+def whole_table_figures() -> None:
+    """The whole-system figures of /metrics as each scrape read them before the database
+    kept them: runs by state and end cause, lost attempts, time to stop by path."""
+    list(Run.objects.values("state", "end_cause").annotate(n=Count("pk")).order_by())
+    Attempt.objects.filter(close_reason=CloseReason.LOST).count()
+    time_to_stop()
 
 
 def rss_kib(pid: int) -> int:

@@ -1,0 +1,75 @@
+"""The whole-system totals of /metrics, read at a cost that does not grow with the tables.
+
+The database keeps them: its triggers (migration ``0017_metric_totals``) add a row to
+``MetricDelta`` in the transaction of every change to what is counted, whichever code
+made it (a transition, a bulk import, a delete). A read first folds those rows into one per
+total, then sums what is left: a few dozen rows plus the changes since the last read.
+"""
+
+from django.db import connection, transaction
+from django.db.models import Max, Sum
+
+from runs.domain.overview import STOP_BUCKETS
+from runs.models import MetricDelta
+
+
+def fold() -> None:
+    """Replace the delta rows by one row per total (totals that came to zero go).
+
+    On PostgreSQL one statement deletes the rows it sees and inserts their sums: a fold
+    running at the same time skips the rows this one deleted and never counts one twice;
+    rows committed meanwhile stay for the next fold. SQLite has one writer at a time."""
+    table = connection.ops.quote_name(MetricDelta._meta.db_table)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"WITH gone AS (DELETE FROM {table} RETURNING name, key, value) "
+                f"INSERT INTO {table} (name, key, value) SELECT name, key, sum(value) "
+                f"FROM gone GROUP BY name, key HAVING sum(value) <> 0")
+        return
+    with transaction.atomic():
+        last = MetricDelta.objects.aggregate(last=Max("id"))["last"]
+        if last is None:
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (name, key, value) SELECT name, key, sum(value) "
+                f"FROM {table} WHERE id <= %s GROUP BY name, key HAVING sum(value) <> 0",
+                [last])
+        MetricDelta.objects.filter(id__lte=last).delete()
+
+
+def totals() -> dict:
+    """``runs``: ``{(state, end_cause or ""): count}``; ``lost``: attempts whose lease
+    expired; ``time_to_stop``: per path its ``count``, ``sum`` (seconds) and cumulative
+    ``buckets`` (``[(bound, count), ...]``, the last ``+Inf``), as
+    ``overview.time_to_stop`` gives them."""
+    fold()
+    runs, lost, stop, sums = {}, 0, {}, {}
+    for name, key, value in (MetricDelta.objects.values_list("name", "key")
+                             .annotate(total=Sum("value")).values_list("name", "key", "total")
+                             .order_by()):
+        if name == "runs":
+            state, _, end_cause = key.partition("|")
+            if round(value):
+                runs[(state, end_cause)] = round(value)
+        elif name == "lost":
+            lost += round(value)
+        elif name == "stop":
+            path, _, index = key.partition("|")
+            counts = stop.setdefault(path, [0] * (len(STOP_BUCKETS) + 1))
+            counts[int(index)] += round(value)
+        elif name == "stop_sum":
+            sums[key] = sums.get(key, 0.0) + value
+    time_to_stop = []
+    for path in sorted(stop):
+        counts, cumulative, buckets = stop[path], 0, []
+        if not sum(counts):
+            continue
+        for bound, count in zip(STOP_BUCKETS, counts, strict=False):
+            cumulative += count
+            buckets.append((str(bound), cumulative))
+        buckets.append(("+Inf", sum(counts)))
+        time_to_stop.append({"path": path, "count": sum(counts), "sum": sums.get(path, 0.0),
+                             "buckets": buckets})
+    return {"runs": runs, "lost": lost, "time_to_stop": time_to_stop}
