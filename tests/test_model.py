@@ -81,7 +81,7 @@ from runs.models import (
 
 pytestmark = pytest.mark.django_db
 
-EXAMPLES = int(os.getenv("MODEL_EXAMPLES", "40"))
+EXAMPLES = int(os.getenv("MODEL_EXAMPLES", "80"))
 STEPS = int(os.getenv("MODEL_STEPS", "40"))
 MAX_RUNS = 8
 OWNERS = ("host-a:1", "host-b:2")
