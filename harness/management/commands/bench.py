@@ -455,17 +455,20 @@ class Command(BaseCommand):
         rows = []
         with self.system(workers=0) as (web, _):
             client = Client(web.port, self.token)
-            samples = []
-            for _ in range(scrapes + 5):
-                started = time.monotonic()
-                client.connection.request("GET", "/metrics")
-                response = client.connection.getresponse()
-                response.read()
-                samples.append((time.monotonic() - started) * 1000)
-                if response.status != 200:
-                    raise CommandError(f"/metrics answered {response.status}")
-            rows.append((size, "GET /metrics", samples[5:],
+            samples = {"/metrics": [], "/healthz": []}
+            for _ in range(scrapes + 5):  # the two in turn, so both meet the same load
+                for path, taken in samples.items():
+                    started = time.monotonic()
+                    client.connection.request("GET", path)
+                    response = client.connection.getresponse()
+                    response.read()
+                    taken.append((time.monotonic() - started) * 1000)
+                    if response.status != 200:
+                        raise CommandError(f"{path} answered {response.status}")
+            rows.append((size, "GET /metrics", samples["/metrics"][5:],
                          "totals kept by the database's triggers"))
+            rows.append((size, "GET /healthz, in turn with it", samples["/healthz"][5:],
+                         "the floor: the HTTP stack and one query"))
         whole = []
         for _ in range(5):
             started = time.monotonic()
@@ -686,7 +689,7 @@ def bulk_history(count: int, chunk: int = 100_000) -> None:
                    CASE WHEN cause = 'failed' THEN 'benchmark' END, 1, 1, 0, 0.5, 0, 3, '',
                    at, at, at + interval '1 second', at + interval '1 second', at
             FROM (SELECT (ARRAY['completed', 'completed', 'completed', 'failed', 'cancelled',
-                                'stopped'])[1 + n % 6] AS cause, n,
+                                'stopped'])[1 + mod(n, 6)] AS cause, n,
                          now() - (n * interval '1 second') AS at
                   FROM generate_series(1, %s) AS n) AS source
             RETURNING id, end_cause, created_at, ended_at),
