@@ -44,6 +44,7 @@ from harness.processes import (
 )
 from runs import domain
 from runs.domain import selectors, sql
+from runs.domain.core import Ending
 from runs.domain.overview import time_to_stop
 from runs.models import Attempt, CloseReason, ControlIntent, Event, EventKind, Run, RunState
 from runs.providers.stub import StubServer
@@ -78,7 +79,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("what", nargs="?", default="all",
                             choices=["all", "cancel", "provider", "push", "lifecycle", "list",
-                                     "memory", "sql", "metrics"])
+                                     "memory", "sql", "metrics", "leases"])
         parser.add_argument("--live", default="1,100,500",
                             help="cancel: numbers of other live attempts on the worker.")
         parser.add_argument("--cancels", type=int, default=300, help="cancel: samples per level.")
@@ -108,12 +109,17 @@ class Command(BaseCommand):
                             help="sql: transitions measured each way.")
         parser.add_argument("--metrics-runs", type=int, default=1_000_000,
                             help="metrics: runs in the database (inserted in bulk if fewer).")
+        parser.add_argument("--leased", type=int, default=2000,
+                            help="leases: live attempts of the one worker that renews them.")
         parser.add_argument("--scrapes", type=int, default=300,
                             help="metrics: scrapes of /metrics measured.")
 
     def handle(self, what, **options):
         if what == "sql":  # in this process alone: the database is all it needs
             self.print_table(self.statements(options["transitions"]))
+            return
+        if what == "leases":  # in this process alone too
+            self.print_table(leases_bench(options["leased"]))
             return
         if not settings.REDIS_URL or "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
             raise CommandError("Set DATABASE_URL (PostgreSQL) and REDIS_URL: the benchmark "
@@ -715,6 +721,61 @@ def bulk_history(count: int, chunk: int = 100_000) -> None:
         done += size
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {run}, {attempt}, {intent}")
+
+
+def leases_bench(live: int, passes: int = 30) -> list:
+    """What one lease renewal of ``live`` attempts (one worker's) and one sweeper pass cost
+    the database, with however many ended runs it holds: time in this process per pass,
+    and the rows each pass read and wrote (PostgreSQL's own count for the transaction,
+    ``pg_stat_xact_user_tables``). The attempts are claimed here and finished at the end;
+    nothing expires, so the sweep's cost is that of finding nothing to do."""
+    if connection.vendor != "postgresql":
+        raise CommandError("leases needs PostgreSQL (its per-transaction row counts)")
+    owner = f"bench-leases:{os.getpid()}"
+    attempts = []
+    for start in range(0, live, 500):
+        made = [domain.run_create(agent="demo.steps", dispatch=False, source="cli")[0]
+                for _ in range(min(500, live - start))]
+        attempts += domain.attempts_start(run_ids=[str(run.id) for run in made], owner=owner,
+                                          lease_seconds=3600)
+    pairs = [(str(a.run_id), a.generation) for a in attempts]
+    ended = Run.objects.filter(state=RunState.ENDED).count()
+
+    def touched(cursor) -> tuple[int, int]:
+        # This backend's counts not yet reported: this transaction's and, for up to a
+        # second, those of its last ones; so read before and after, in the transaction.
+        cursor.execute("SELECT coalesce(sum(seq_tup_read + idx_tup_fetch), 0), "
+                       "coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) "
+                       "FROM pg_stat_xact_user_tables WHERE relname LIKE 'runs%'")
+        return cursor.fetchone()
+
+    def counted(call):
+        with transaction.atomic(), connection.cursor() as cursor:
+            read, written = touched(cursor)
+            started = time.perf_counter()
+            call()
+            taken = (time.perf_counter() - started) * 1000
+            read_after, written_after = touched(cursor)
+        return taken, int(read_after - read), int(written_after - written)
+
+    rows = []
+    try:
+        for name, call in (
+                ("lease renewal of every attempt", lambda: domain.attempt_renew(
+                    owner=owner, attempts=pairs, lease_seconds=3600)),
+                ("one sweeper pass", domain.sweep)):
+            results = [counted(call) for _ in range(passes)]
+            reads = sorted(r for _, r, _ in results)
+            writes = sorted(w for _, _, w in results)
+            rows.append((f"{live} at", f"{name}, with {ended / 1e6:.1f}M runs ended",
+                         [t for t, _, _ in results],
+                         f"rows read {reads[len(reads) // 2]}, written "
+                         f"{writes[len(writes) // 2]} (median)"))
+    finally:
+        for attempt in attempts:
+            domain.attempt_finish(run_id=attempt.run_id, generation=attempt.generation,
+                                  ending=Ending.completed())
+    return rows
 
 
 def whole_table_figures() -> None:
