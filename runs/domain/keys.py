@@ -39,26 +39,20 @@ def api_key_issue(*, user) -> str:
 def user_for_api_key(*, key: str, address: str):
     """The active user whose key ``key`` is, or None.
 
-    1. While the client's address or the key's prefix is locked, raise TooManyFailures,
-       whether the key is good or not (``runs.domain.throttle``).
+    1. While the client's address or the key's prefix is locked, raise TooManyFailures
+       before looking (``runs.domain.throttle``).
     2. Look the key up by its digest.
     3. If no active user has it, count a failure for the address and the prefix.
-
-    A good key costs one statement: its lookup reads the locks too. Only a key that is not
-    found needs a statement of its own for them.
     """
     well_formed = KEY_FORMAT.fullmatch(key) is not None
     idents = [(AuthScope.ADDRESS, address[:64])]
     if well_formed:
         idents.append((AuthScope.KEY_PREFIX, key[:PREFIX_LENGTH]))
-    now = timezone.now()
-    found = (ApiKey.objects.select_related("user").filter(digest=key_digest(key))
-             .annotate(last_lock=throttle.last_lock(idents, now)).first()
-             if well_formed else None)
-    wait = (throttle.seconds_left(found.last_lock, now) if found is not None
-            else throttle.locked_for(idents))
+    wait = throttle.locked_for(idents)
     if wait:
         raise TooManyFailures(wait)
+    found = (ApiKey.objects.select_related("user").filter(digest=key_digest(key)).first()
+             if well_formed else None)
     if found is not None and found.user.is_active:
         return found.user
     throttle.failure_record(idents)

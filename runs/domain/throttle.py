@@ -14,7 +14,7 @@ from math import ceil
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Max, Q, Subquery, Value, When
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from runs.models import AuthFailure, AuthScope
@@ -32,27 +32,12 @@ def _matching(idents: list[Ident]) -> Q:
 
 def locked_for(idents: list[Ident]) -> int:
     """Whole seconds until none of ``idents`` is locked any more; 0 when none is."""
-    now = timezone.now()
-    return seconds_left(_locks(idents, now).aggregate(last=Max("last_failed_at"))["last"], now)
-
-
-def last_lock(idents: list[Ident], now) -> Subquery:
-    """The last failure of those of ``idents`` that are locked at ``now`` (NULL when none
-    is), as a subquery: a key's lookup reads it in its own statement."""
-    return Subquery(_locks(idents, now).order_by("-last_failed_at")
-                    .values("last_failed_at")[:1])
-
-
-def seconds_left(last, now) -> int:
-    """Whole seconds until a lock whose last failure was at ``last`` (None: no lock)
-    ends."""
-    return 0 if last is None else max(0, ceil((last + _period() - now).total_seconds()))
-
-
-def _locks(idents: list[Ident], now):
-    return AuthFailure.objects.filter(
+    now, period = timezone.now(), _period()
+    lasts = AuthFailure.objects.filter(
         _matching(idents), failures__gte=settings.AWAKEN_AUTH_FAILURES,
-        last_failed_at__gt=now - _period())
+        last_failed_at__gt=now - period,
+    ).values_list("last_failed_at", flat=True)
+    return max((ceil((last + period - now).total_seconds()) for last in lasts), default=0)
 
 
 def failure_record(idents: list[Ident]) -> None:
