@@ -13,7 +13,7 @@ from django.utils import timezone
 from runs import domain as services
 from runs.domain.core import Ending
 from runs.domain.overview import time_to_stop
-from runs.domain.totals import totals
+from runs.domain.totals import fold, totals
 from runs.models import Attempt, CloseReason, ControlIntent, MetricDelta, Run, RunState
 from tests.factories import OWNER, awaiting_run, queued_run, running_run
 
@@ -113,16 +113,30 @@ def test_every_transition_path_keeps_the_totals_equal_to_a_count_of_the_tables()
     assert_totals_match()
 
 
-def test_a_read_folds_the_changes_into_one_row_per_total():
+def test_a_fold_leaves_one_row_per_total_and_the_totals_as_they_were():
     for _ in range(5):
         run, generation = running_run()
         services.attempt_finish(run_id=run.id, generation=generation, ending=Ending.completed())
     services.run_cancel(run_id=queued_run().id, actor="op", source="api")
     assert MetricDelta.objects.count() > 10
     first = totals()
+    fold()
     keys = set(MetricDelta.objects.values_list("name", "key"))
-    assert MetricDelta.objects.count() == len(keys) <= 5  # runs x2, stop, stop_sum
+    assert MetricDelta.objects.count() == len(keys) <= 4  # two runs totals, stop, stop_sum
     assert totals() == first
+
+
+def test_a_read_folds_once_enough_changes_came(monkeypatch):
+    monkeypatch.setattr("runs.domain.totals.FOLD_AFTER", 10)
+    for _ in range(3):
+        queued_run()
+    totals()
+    assert MetricDelta.objects.count() == 3  # not yet: 3 changes
+    for _ in range(10):
+        queued_run()
+    first = totals()  # folds, for the next read
+    assert MetricDelta.objects.count() == 1
+    assert totals() == first and first["runs"] == {("queued", ""): 13}
 
 
 def test_the_migration_counts_what_the_tables_held_before_its_triggers():
@@ -162,8 +176,8 @@ def test_the_metrics_page_serves_the_kept_totals(client):
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_racing_transitions_and_reads_keep_the_totals_exact(gang):
-    """Eight threads finish, cancel, stop, expire and read the totals (each read folds) at
-    once, over and over: no change is lost or counted twice."""
+    """Eight threads finish, cancel, stop, expire and fold the totals at once, over and
+    over: no change is lost or counted twice."""
     threads = gang(8)
     rng = random.Random(14)
     for _ in range(40):
@@ -184,7 +198,7 @@ def test_racing_transitions_and_reads_keep_the_totals_exact(gang):
                lambda o=other: services.run_cancel(run_id=o.id, actor="c", source="api"),
                lambda o=other: services.attempt_start(run_id=o.id, owner=OWNER,
                                                       lease_seconds=30),
-               totals, totals]
+               fold, fold]
         rng.shuffle(ops)
         results = threads.run(ops)
         errors = [r for r in results if isinstance(r, Exception)]

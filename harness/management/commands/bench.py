@@ -45,6 +45,7 @@ from harness.processes import (
 )
 from runs import domain
 from runs.domain import selectors, sql
+from runs.domain.core import Ending
 from runs.domain.overview import time_to_stop
 from runs.models import Attempt, CloseReason, ControlIntent, Event, EventKind, Run, RunState
 from runs.providers.stub import StubServer
@@ -79,7 +80,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("what", nargs="?", default="all",
                             choices=["all", "cancel", "provider", "push", "lifecycle", "list",
-                                     "memory", "sql", "metrics", "hostile"])
+                                     "memory", "sql", "metrics", "leases", "hostile"])
         parser.add_argument("--live", default="1,100,500",
                             help="cancel: numbers of other live attempts on the worker.")
         parser.add_argument("--cancels", type=int, default=300, help="cancel: samples per level.")
@@ -116,12 +117,17 @@ class Command(BaseCommand):
                             help="hostile: the socket fuzzer's seed (random by default).")
         parser.add_argument("--metrics-runs", type=int, default=1_000_000,
                             help="metrics: runs in the database (inserted in bulk if fewer).")
+        parser.add_argument("--leased", type=int, default=2000,
+                            help="leases: live attempts of the one worker that renews them.")
         parser.add_argument("--scrapes", type=int, default=300,
                             help="metrics: scrapes of /metrics measured.")
 
     def handle(self, what, **options):
         if what == "sql":  # in this process alone: the database is all it needs
             self.print_table(self.statements(options["transitions"]))
+            return
+        if what == "leases":  # in this process alone too
+            self.print_table(leases_bench(options["leased"]))
             return
         if what == "hostile" and options["embedded"]:  # a site of its own, on SQLite
             self.hostile_embedded(hostile.Sizes.scaled(options["scale"]), options["seed"])
@@ -476,17 +482,20 @@ class Command(BaseCommand):
         rows = []
         with self.system(workers=0) as (web, _):
             client = Client(web.port, self.token)
-            samples = []
-            for _ in range(scrapes + 5):
-                started = time.monotonic()
-                client.connection.request("GET", "/metrics")
-                response = client.connection.getresponse()
-                response.read()
-                samples.append((time.monotonic() - started) * 1000)
-                if response.status != 200:
-                    raise CommandError(f"/metrics answered {response.status}")
-            rows.append((size, "GET /metrics", samples[5:],
+            samples = {"/metrics": [], "/healthz": []}
+            for _ in range(scrapes + 5):  # the two in turn, so both meet the same load
+                for path, taken in samples.items():
+                    started = time.monotonic()
+                    client.connection.request("GET", path)
+                    response = client.connection.getresponse()
+                    response.read()
+                    taken.append((time.monotonic() - started) * 1000)
+                    if response.status != 200:
+                        raise CommandError(f"{path} answered {response.status}")
+            rows.append((size, "GET /metrics", samples["/metrics"][5:],
                          "totals kept by the database's triggers"))
+            rows.append((size, "GET /healthz, in turn with it", samples["/healthz"][5:],
+                         "the floor: the HTTP stack and one query"))
         whole = []
         for _ in range(5):
             started = time.monotonic()
@@ -754,7 +763,7 @@ def bulk_history(count: int, chunk: int = 100_000) -> None:
                    CASE WHEN cause = 'failed' THEN 'benchmark' END, 1, 1, 0, 0.5, 0, 3, '',
                    at, at, at + interval '1 second', at + interval '1 second', at
             FROM (SELECT (ARRAY['completed', 'completed', 'completed', 'failed', 'cancelled',
-                                'stopped'])[1 + n % 6] AS cause, n,
+                                'stopped'])[1 + mod(n, 6)] AS cause, n,
                          now() - (n * interval '1 second') AS at
                   FROM generate_series(1, %s) AS n) AS source
             RETURNING id, end_cause, created_at, ended_at),
@@ -780,6 +789,61 @@ def bulk_history(count: int, chunk: int = 100_000) -> None:
         done += size
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {run}, {attempt}, {intent}")
+
+
+def leases_bench(live: int, passes: int = 30) -> list:
+    """What one lease renewal of ``live`` attempts (one worker's) and one sweeper pass cost
+    the database, with however many ended runs it holds: time in this process per pass,
+    and the rows each pass read and wrote (PostgreSQL's own count for the transaction,
+    ``pg_stat_xact_user_tables``). The attempts are claimed here and finished at the end;
+    nothing expires, so the sweep's cost is that of finding nothing to do."""
+    if connection.vendor != "postgresql":
+        raise CommandError("leases needs PostgreSQL (its per-transaction row counts)")
+    owner = f"bench-leases:{os.getpid()}"
+    attempts = []
+    for start in range(0, live, 500):
+        made = [domain.run_create(agent="demo.steps", dispatch=False, source="cli")[0]
+                for _ in range(min(500, live - start))]
+        attempts += domain.attempts_start(run_ids=[str(run.id) for run in made], owner=owner,
+                                          lease_seconds=3600)
+    pairs = [(str(a.run_id), a.generation) for a in attempts]
+    ended = Run.objects.filter(state=RunState.ENDED).count()
+
+    def touched(cursor) -> tuple[int, int]:
+        # This backend's counts not yet reported: this transaction's and, for up to a
+        # second, those of its last ones; so read before and after, in the transaction.
+        cursor.execute("SELECT coalesce(sum(seq_tup_read + idx_tup_fetch), 0), "
+                       "coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) "
+                       "FROM pg_stat_xact_user_tables WHERE relname LIKE 'runs%'")
+        return cursor.fetchone()
+
+    def counted(call):
+        with transaction.atomic(), connection.cursor() as cursor:
+            read, written = touched(cursor)
+            started = time.perf_counter()
+            call()
+            taken = (time.perf_counter() - started) * 1000
+            read_after, written_after = touched(cursor)
+        return taken, int(read_after - read), int(written_after - written)
+
+    rows = []
+    try:
+        for name, call in (
+                ("lease renewal of every attempt", lambda: domain.attempt_renew(
+                    owner=owner, attempts=pairs, lease_seconds=3600)),
+                ("one sweeper pass", domain.sweep)):
+            results = [counted(call) for _ in range(passes)]
+            reads = sorted(r for _, r, _ in results)
+            writes = sorted(w for _, _, w in results)
+            rows.append((f"{live} at", f"{name}, with {ended / 1e6:.1f}M runs ended",
+                         [t for t, _, _ in results],
+                         f"rows read {reads[len(reads) // 2]}, written "
+                         f"{writes[len(writes) // 2]} (median)"))
+    finally:
+        for attempt in attempts:
+            domain.attempt_finish(run_id=attempt.run_id, generation=attempt.generation,
+                                  ending=Ending.completed())
+    return rows
 
 
 def whole_table_figures() -> None:
