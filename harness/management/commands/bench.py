@@ -60,7 +60,8 @@ class Command(BaseCommand):
     help = ("Benchmarks: live cancel latency (with Celery's revoke as a baseline), cancel of a "
             "streaming model call as the provider sees it, socket push latency, lifecycle "
             "throughput, run-list latency at 100k runs and memory per live attempt. With no "
-            "argument, all of them in one table.")
+            "argument, all of them in one table. On demand only: 'hostile', the hostile-input "
+            "suite against a real daphne, with its memory and CPU before, during and after.")
 
     def add_arguments(self, parser):
         parser.add_argument("what", nargs="?", default="all",
@@ -419,7 +420,6 @@ class Command(BaseCommand):
         per_attempt = (loaded - base) / (attempts - 1)
         return [(f"{attempts} at", "memory per live attempt (KiB)", per_attempt,
                  f"worker RSS {base / 1024:.0f} -> {loaded / 1024:.0f} MiB")]
-
 
     # --- hostile input -------------------------------------------------------------------------
 
