@@ -25,7 +25,7 @@ var/secret_key:
 run: $(STAMP) var/secret_key
 	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py migrate --no-input
 	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py collectstatic --no-input -v 0
-	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py serve --port $(PORT)
+	SECRET_KEY=$$(cat var/secret_key) PYTHONMALLOC=malloc $(BIN)/python manage.py serve --port $(PORT)
 
 ## Lint, check the import layers, then run the whole test suite (SQLite by default; DATABASE_URL=postgres://... for
 ## PostgreSQL, REDIS_URL=redis://... for the tests of real workers and the Redis layer).

@@ -15,6 +15,11 @@ So, in the web process and on glibc only (elsewhere nothing changes):
   are mapped apart and unmapped when freed;
 * a thread calls ``malloc_trim(0)`` every ``AWAKEN_MALLOC_TRIM_SECONDS``, which returns the
   free pages inside the arenas to the system (a few milliseconds).
+
+Python's own allocator for small objects keeps arenas of 1 MiB as long as one object in them
+lives, beyond the reach of both: the ``Procfile`` starts the web process with
+``PYTHONMALLOC=malloc`` (which only the environment can set), so that they come from malloc
+too.
 """
 
 import ctypes

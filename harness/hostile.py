@@ -1,5 +1,6 @@
-"""Hostile input, thrown at a real web process: the catalogues the fuzz tests share, and the
-attack that ``manage.py bench hostile`` (and ``tests/test_hostile_memory.py``, small) runs.
+"""Hostile input thrown at a real web process: the attack that ``manage.py bench hostile``
+(and ``tests/test_hostile_memory.py``, small) runs, with what ``harness/hostile_input.py``
+makes.
 
 The attack is the issue's list, phase by phase: schemathesis against the site's own OpenAPI
 document, hostile bodies spliced into the bodies schemathesis makes, the websocket fuzzer,
@@ -33,162 +34,10 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
+from harness.hostile_input import CRASHERS, bad_frame, hostile_body, hostile_kinds
 from harness.processes import wait_until
 
 MiB = 1024 * 1024
-
-# --- hostile JSON bodies (also tests/test_fuzz.py) -------------------------------------------
-
-# JSON text that no body may hold, wherever it is put: each is refused by the parser.
-HOSTILE_VALUES = {
-    "nested-5000-deep": "[" * 5000 + "]" * 5000,
-    "nested-65-deep": "[" * 65 + "]" * 65,
-    "objects-nested-100-deep": '{"a": ' * 100 + "1" + "}" * 100,
-    "1e400": "1e400",
-    "-1e999": "-1e999",
-    "NaN": "NaN",
-    "Infinity": "Infinity",
-    "lone-high-surrogate": r'"\ud800"',
-    "lone-low-surrogate": r'"tail \udfff"',
-    "surrogates-reversed": r'"\udc00\ud800"',
-    "surrogate-key": r'{"\udbff": 1}',
-    "nul": r'"\u0000"',
-    "nul-inside": r'"abc\u0000def"',
-    "nul-key": r'{"a\u0000": true}',
-}
-# Changes to the body's structure: unknown or repeated keys where the API declares its
-# fields, and bodies or inputs over the limits.
-HOSTILE_SHAPES = ["unknown-key", "key-twice", "body-over-1-mib", "input-over-256-kib"]
-# The operations whose bodies carry a run's input.
-INPUT_OPERATIONS = {"POST /api/runs/", "POST /api/runs/batch/", "POST /api/runs/{run_id}/resume/"}
-SENTINEL = "hostile-value-goes-here"
-
-
-def places(body, path=()):
-    """Every place in ``body`` a value can be put: each existing value, and a new key of
-    each object."""
-    if isinstance(body, dict):
-        yield (*path, SENTINEL)
-        for key, value in body.items():
-            yield (*path, key)
-            yield from places(value, (*path, key))
-    elif isinstance(body, list):
-        for index, value in enumerate(body):
-            yield (*path, index)
-            yield from places(value, (*path, index))
-
-
-def put(body, place, value):
-    target = body
-    for step in place[:-1]:
-        target = target[step]
-    target[place[-1]] = value
-
-
-def declared_objects(body) -> list:
-    """The objects of ``body`` whose keys the API declares: the body, a budget, a batch item
-    (an input or a message is free-form)."""
-    found = [body]
-    for item in [body, *(body.get("runs") or [])]:
-        if isinstance(item, dict):
-            if item is not body:
-                found.append(item)
-            if isinstance(item.get("budget"), dict):
-                found.append(item["budget"])
-    return found
-
-
-def hostile_body(body: dict, kind: str, draw) -> str:
-    """The text of ``body`` made hostile by ``kind``."""
-    if kind in HOSTILE_VALUES:
-        put(body, draw(st.sampled_from(list(places(body)))), SENTINEL)
-        return json.dumps(body).replace(json.dumps(SENTINEL), HOSTILE_VALUES[kind], 1)
-    if kind == "unknown-key":
-        draw(st.sampled_from(declared_objects(body)))["not_a_field"] = 1
-    elif kind == "key-twice":
-        target = draw(st.sampled_from(declared_objects(body)))
-        key = draw(st.sampled_from(sorted(target))) if target else "reason"
-        target.setdefault(key, None)
-        target[SENTINEL] = None
-        return json.dumps(body).replace(json.dumps(SENTINEL), json.dumps(key), 1)
-    elif kind == "body-over-1-mib":
-        put(body, draw(st.sampled_from(list(places(body)))), "x" * (1024 * 1024))
-    elif kind == "input-over-256-kib":
-        holders = body.get("runs") if isinstance(body.get("runs"), list) else [body]
-        draw(st.sampled_from(holders or [body]))["input"] = {"a": "x" * (256 * 1024)}
-    return json.dumps(body)
-
-
-def hostile_kinds(label: str) -> list[str]:
-    """The kinds of hostile body that apply to the operation ``label``."""
-    return [kind for kind in [*HOSTILE_VALUES, *HOSTILE_SHAPES]
-            if kind != "input-over-256-kib" or label in INPUT_OPERATIONS]
-
-
-# --- bad socket frames (also tests/test_socket_fuzz.py) --------------------------------------
-
-KEYS = ["type", "kind", "seq", "run", "id", "", "é", "\u0000", "resume", "TYPE"]
-WRONG_AFTERS = ["-1", "1.5", "1e400", "-1e400", "NaN", "Infinity", "-Infinity", '"3"', "null",
-                "true", "false", "[]", "{}", "[1]", str(2**63), str(-(2**70)), "0.0", "1E2",
-                '"\\ud800"', "-0.5"]
-# The messages that crashed the socket consumer before it checked what it is sent.
-CRASHERS = ["[]", "5", '"x"', "null", '{"type": "resume", "after": 1e400}',
-            "[" * 10_000 + "]" * 10_000, '{"a":' * 10_000 + "1" + "}" * 10_000]
-
-
-def json_value(rng: random.Random, depth: int = 0):
-    """A random JSON value; an object never has both "type": "resume" and "after"."""
-    kind = rng.randrange(7 if depth < 4 else 4)
-    if kind == 0:
-        return rng.choice([None, True, False])
-    if kind == 1:
-        return rng.choice([0, -1, 7, 2**40, -(2**63), 1.5, -0.0, 1e300])
-    if kind == 2:
-        alphabet = string.printable + "é€😀\u2028"
-        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
-    if kind == 3:
-        return rng.choice(["resume", "snapshot", "run.changed", "error", ""])
-    if kind == 4:
-        return [json_value(rng, depth + 1) for _ in range(rng.randrange(4))]
-    return {rng.choice(KEYS): json_value(rng, depth + 1) for _ in range(rng.randrange(4))}
-
-
-def bad_frame(rng: random.Random, *, max_huge: int = 3_000_000) -> tuple[str, dict]:
-    """One frame that is not a well-formed command: its kind, and ``send_to``'s arguments
-    (``text_data`` or ``bytes_data``). A ``huge`` frame is up to ``max_huge`` characters."""
-    kind = rng.choice(["text", "json", "wrong-after", "wrong-shape", "nested", "huge",
-                       "binary", "surrogate", "trailing"])
-    if kind == "text":
-        size = rng.randrange(1, 300)
-        text = "".join(rng.choice(string.printable + "{}[]\":,é\u0000") for _ in range(size))
-        return kind, {"text_data": text if text.strip() else "?"}
-    if kind == "json":
-        return kind, {"text_data": json.dumps(json_value(rng))}
-    if kind == "wrong-after":
-        return kind, {"text_data": f'{{"type": "resume", "after": {rng.choice(WRONG_AFTERS)}}}'}
-    if kind == "wrong-shape":
-        shapes = [{"type": "resume"}, {"after": 1}, {"type": "resume", "after": 1, "x": 1},
-                  {"type": "Resume", "after": 1}, {"type": ["resume"], "after": 1},
-                  {"type": None, "after": 1}, {"type": rng.choice(KEYS[1:8]), "after": 1}]
-        return kind, {"text_data": json.dumps(rng.choice(shapes))}
-    if kind == "nested":
-        depth = rng.choice([1_000, 10_000, 100_000])
-        opener, closer = rng.choice([("[", "]"), ('{"a":', "}")])
-        return kind, {"text_data": opener * depth + "1" + closer * depth}
-    if kind == "huge":
-        size = rng.randrange(min(1_000_000, max_huge // 3), max_huge)
-        padding = "x" * size
-        return kind, {"text_data": rng.choice([
-            padding, f'{{"type": "resume", "after": 0, "pad": "{padding}"}}'])}
-    if kind == "binary":
-        payload = rng.choice([rng.randbytes(rng.randrange(1, 200)), b"\xff\xfe\xfd",
-                              b'{"type": "resume", "after": 0}', b"\xc3\x28" * 10])
-        return kind, {"bytes_data": payload}
-    if kind == "surrogate":
-        return kind, {"text_data": rng.choice(['{"type": "resume", "after": 0, "\ud800": 1}',
-                                               "\udcff", '{"type": "\ud83d"}'])}
-    return kind, {"text_data": '{"type": "resume", "after": 0}' + rng.choice([" x", "}", ","])}
-
 
 # --- measuring a process ------------------------------------------------------------------------
 
@@ -209,6 +58,11 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+def threads(pid: int) -> int:
+    """How many threads process ``pid`` has."""
+    return len(os.listdir(f"/proc/{pid}/task"))
 
 
 class Sampler:
@@ -705,6 +559,9 @@ class Report:
     sizes: Sizes
     rss_before: int = 0
     rss_after: int = 0
+    threads_before: int = 0
+    threads_after: int = 0
+    rss_rounds: list = field(default_factory=list)  # once quiet after each round
     cpu_before: tuple = (0.0, 0.0)
     cpu_after: tuple = (0.0, 0.0)
     quiet_seconds: float = 0.0
@@ -727,7 +584,7 @@ class Report:
         return sum(outcome.crashes for outcome in self.outcomes)
 
 
-def warm_up(target: Target, run_ids: dict, seed: int, units: int) -> None:
+def warm_up(target: Target, run_ids: dict, seed: int, sizes: Sizes) -> None:
     """Every path of the attack once, small, and some normal work: what a process loads
     once (modules, the schema, pools, caches) is loaded before the first figure."""
     scratch = Outcome("warm-up")
@@ -736,15 +593,18 @@ def warm_up(target: Target, run_ids: dict, seed: int, units: int) -> None:
     socket_fuzz_phase(target, scratch, 20, seed)
     crashers_phase(target, scratch, len(CRASHERS))
     large_inputs_phase(target, scratch, 2)
-    big_lists_phase(target, scratch, 2, 1)
+    # As many at once as in the attack: the pools of threads and connections grow to it.
+    big_lists_phase(target, scratch, sizes.list_parallel, 1)
     stalled_sockets_phase(target, scratch, 2, 2)
-    for _ in range(units):
+    for _ in range(sizes.units):
         normal_work(target)
 
 
-def attack(target: Target, sizes: Sizes, *, seed: int | None = None, say=print) -> Report:
-    """Warm up, time normal work, run every phase (each one's peak memory sampled), wait
-    for quiet, time normal work again. ``say`` is told of each step as it ends."""
+def attack(target: Target, sizes: Sizes, *, rounds: int = 1, seed: int | None = None,
+           say=print) -> Report:
+    """Warm up, time normal work, run every phase ``rounds`` times (each one's peak memory
+    sampled; the memory once quiet after each round), time normal work again. ``say`` is
+    told of each step as it ends."""
     seed = random.SystemRandom().randrange(2**32) if seed is None else seed
     api = Http(target, target.operator)
     status, body = api.json("POST", "/api/runs/", {**NORMAL_RUN, "start_after":
@@ -755,10 +615,11 @@ def attack(target: Target, sizes: Sizes, *, seed: int | None = None, say=print) 
     run_ids = {"resume": body["id"], "other": body["id"]}
     report = Report(sizes)
 
-    warm_up(target, run_ids, seed, sizes.units)
+    warm_up(target, run_ids, seed, sizes)
     quiet(target)
     report.cpu_before = cpu_per_unit(target, sizes.units)
     report.rss_before = rss_bytes(target.pid)
+    report.threads_before = threads(target.pid)
     say(f"before: {report.rss_before / MiB:.1f} MiB, {report.cpu_before[0]:.0f} ms CPU "
         f"per 100 requests")
 
@@ -776,24 +637,29 @@ def attack(target: Target, sizes: Sizes, *, seed: int | None = None, say=print) 
             target, o, sizes.stalled_clients, sizes.stalled_asks)),
     ]
     try:
-        for name, run in phases:
-            outcome = Outcome(name)
-            logged = target.logged_crashes()
-            started = time.monotonic()
-            with sampler.phase(name):
-                run(outcome)
-            outcome.seconds = time.monotonic() - started
-            outcome.peak = sampler.peaks[name]
-            outcome.logged_crashes = target.logged_crashes() - logged
-            report.outcomes.append(outcome)
-            say(f"{name}: {outcome.tried} inputs in {outcome.seconds:.0f} s, peak "
-                f"{outcome.peak / MiB:.1f} MiB, {dict(outcome.answers)}")
+        for round_ in range(1, rounds + 1):
+            for name, run in phases:
+                name = name if rounds == 1 else f"{name} ({round_})"
+                outcome = Outcome(name)
+                logged = target.logged_crashes()
+                started = time.monotonic()
+                with sampler.phase(name):
+                    run(outcome)
+                outcome.seconds = time.monotonic() - started
+                outcome.peak = sampler.peaks[name]
+                outcome.logged_crashes = target.logged_crashes() - logged
+                report.outcomes.append(outcome)
+                say(f"{name}: {outcome.tried} inputs in {outcome.seconds:.0f} s, peak "
+                    f"{outcome.peak / MiB:.1f} MiB, {dict(outcome.answers)}")
+            report.quiet_seconds = quiet(target)
+            report.rss_rounds.append(rss_bytes(target.pid))
+            say(f"round {round_}: {report.rss_rounds[-1] / MiB:.1f} MiB once quiet")
     finally:
         sampler.stop()
 
-    report.quiet_seconds = quiet(target)
     report.cpu_after = cpu_per_unit(target, sizes.units)
     report.rss_after = rss_bytes(target.pid)
+    report.threads_after = threads(target.pid)
     return report
 
 
@@ -821,6 +687,11 @@ def table(report: Report) -> list[str]:
     (before, spread_before), (after, spread_after) = report.cpu_before, report.cpu_after
     lines.append(f"{'CPU per 100 requests (ms)':<34}{before:>10.0f}{'':>10}{after:>10.0f}"
                  f"{after / before:>14.3f}")
+    if len(report.rss_rounds) > 1:
+        lines.append("daphne RSS once quiet after each round (MiB): " + ", ".join(
+            f"{rss / MiB:.1f}" for rss in report.rss_rounds))
+    lines.append(f"{'threads':<34}{report.threads_before:>10}{'':>10}"
+                 f"{report.threads_after:>10}")
     lines.append(f"(CPU: median of {report.sizes.units} units, spread {spread_before:.0f} and "
                  f"{spread_after:.0f} ms; quiet after {report.quiet_seconds:.0f} s)")
     return lines

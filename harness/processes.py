@@ -363,6 +363,11 @@ def _decoded(body: bytes):
         return body.decode(errors="replace")
 
 
+# What the Procfile's web process (and make run) start with: Python's objects allocated by
+# malloc, whose free pages the web process returns to the system (awaken_site/memory.py).
+WEB_ENV = {"PYTHONMALLOC": "malloc"}
+
+
 class Web(Site):
     """daphne serving the ASGI application (HTTP and sockets) on ``port``, a free one by
     default; ``restart()`` serves on the same port again."""
@@ -372,7 +377,7 @@ class Web(Site):
         port = port or free_port()
         super().__init__([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                           "awaken_site.asgi:application"], port=port, name=name,
-                         env=environment(extra_env), log_dir=log_dir)
+                         env=environment({**WEB_ENV, **(extra_env or {})}), log_dir=log_dir)
 
     def ready(self) -> bool:
         """/healthz answers, with the database reachable."""
@@ -401,7 +406,7 @@ class EmbeddedSite(Site):
         self.env = {key: value for key, value in os.environ.items()
                     if key not in UNCONFIGURED}
         self.env.update(AWAKEN_VAR_DIR=str(self.var), SECRET_KEY="embedded-test", DEBUG="0",
-                        **(extra_env or {}))
+                        **WEB_ENV, **(extra_env or {}))
         self.manage("migrate", "--no-input")
         self.manage("collectstatic", "--no-input")  # as make run does
         self.admin_password: str | None = None

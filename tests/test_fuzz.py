@@ -19,7 +19,7 @@ from rest_framework.test import APIClient
 from rest_framework.utils.encoders import JSONEncoder
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from harness.hostile import hostile_body, hostile_kinds
+from harness.hostile_input import hostile_body, hostile_kinds
 from runs.domain.keys import api_key_issue
 from runs.domain.review import review_link_create
 from tests.conftest import db_state, make_user

@@ -11,9 +11,10 @@ import pytest
 from harness import hostile
 from harness.processes import EmbeddedSite
 
-# The full attack gives memory back to within 10 %; a small one moves the figure by a few
-# MiB either way, so the bound here only catches what grows with every input.
-MEMORY_BOUND = 1.25
+# The full attack gives memory back to within 10 % (README, Security). In a small one the
+# figure moves by some 10 % either way (threads, pools, when malloc last trimmed), so the
+# bound here only catches gross growth, such as a request that keeps what it read.
+MEMORY_BOUND = 1.5
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 
 from awaken_site.asgi import application
-from harness.hostile import bad_frame
+from harness.hostile_input import bad_frame
 from runs import domain as services
 from runs.models import Event
 from tests.conftest import api_key_for, make_user

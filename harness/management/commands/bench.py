@@ -75,7 +75,8 @@ class Command(BaseCommand):
     help = ("Benchmarks: live cancel latency (with Celery's revoke as a baseline), cancel of a "
             "streaming model call as the provider sees it, socket push latency, lifecycle "
             "throughput, run-list latency at 100k runs and memory per live attempt. With no "
-            "argument, all of them in one table.")
+            "argument, all of them in one table. On demand only: 'hostile', the hostile-input "
+            "suite against a real daphne, with its memory and CPU before, during and after.")
 
     def add_arguments(self, parser):
         parser.add_argument("what", nargs="?", default="all",
@@ -113,6 +114,8 @@ class Command(BaseCommand):
                                  "SQLite) instead of daphne on the configured database.")
         parser.add_argument("--scale", type=float, default=1.0,
                             help="hostile: size of every phase, 1 being the full attack.")
+        parser.add_argument("--rounds", type=int, default=1,
+                            help="hostile: times the whole attack is repeated.")
         parser.add_argument("--seed", type=int, default=None,
                             help="hostile: the socket fuzzer's seed (random by default).")
         parser.add_argument("--metrics-runs", type=int, default=1_000_000,
@@ -130,7 +133,8 @@ class Command(BaseCommand):
             self.print_table(leases_bench(options["leased"]))
             return
         if what == "hostile" and options["embedded"]:  # a site of its own, on SQLite
-            self.hostile_embedded(hostile.Sizes.scaled(options["scale"]), options["seed"])
+            self.hostile_embedded(hostile.Sizes.scaled(options["scale"]), options["rounds"],
+                                  options["seed"])
             return
         if not settings.REDIS_URL or "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
             raise CommandError("Set DATABASE_URL (PostgreSQL) and REDIS_URL: the benchmark "
@@ -152,7 +156,8 @@ class Command(BaseCommand):
             "metrics": lambda: self.metrics(options["metrics_runs"], options["scrapes"]),
         }
         if what == "hostile":
-            self.hostile(hostile.Sizes.scaled(options["scale"]), options["seed"])
+            self.hostile(hostile.Sizes.scaled(options["scale"]), options["rounds"],
+                         options["seed"])
             return
         rows = []
         try:
@@ -528,10 +533,9 @@ class Command(BaseCommand):
         return [(f"{attempts} at", "memory per live attempt (KiB)", per_attempt,
                  f"worker RSS {base / 1024:.0f} -> {loaded / 1024:.0f} MiB")]
 
-
     # --- hostile input -------------------------------------------------------------------------
 
-    def hostile(self, sizes, seed) -> None:
+    def hostile(self, sizes, rounds, seed) -> None:
         """The hostile-input attack against daphne on the configured database and Redis,
         with a worker of its own completing the runs."""
         viewer = StringIO()
@@ -541,9 +545,9 @@ class Command(BaseCommand):
             target = hostile.Target(port=web.port, pid=web.pid, operator=self.token,
                                     viewer=viewer.getvalue().strip(), log=web.log)
             self.print_hostile("daphne, " + self.layout(), hostile.attack(
-                target, sizes, seed=seed, say=self.stdout.write))
+                target, sizes, rounds=rounds, seed=seed, say=self.stdout.write))
 
-    def hostile_embedded(self, sizes, seed) -> None:
+    def hostile_embedded(self, sizes, rounds, seed) -> None:
         """The hostile-input attack against the embedded site (``manage.py serve``: web,
         worker and sweeper in one process, on SQLite), in a temporary directory."""
         with EmbeddedSite(Path(tempfile.mkdtemp(prefix="awaken-hostile-"))) as site:
@@ -554,7 +558,8 @@ class Command(BaseCommand):
                                     viewer=viewer, log=site.log)
             self.print_hostile("the embedded site (manage.py serve: web, worker and sweeper "
                                "in one process), sqlite3, in-memory broker and layer",
-                               hostile.attack(target, sizes, seed=seed, say=self.stdout.write))
+                               hostile.attack(target, sizes, rounds=rounds, seed=seed,
+                                              say=self.stdout.write))
 
     def layout(self) -> str:
         database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
