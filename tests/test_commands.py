@@ -80,3 +80,11 @@ def test_the_migrations_match_the_models():
 
     # Exits (SystemExit 1) when a model change has no migration.
     call_command("makemigrations", "--check", "--dry-run", stdout=StringIO())
+
+
+def test_the_benchmark_command_parses_its_options():
+    from harness.management.commands.bench import Command as Bench
+
+    parser = Bench().create_parser("manage.py", "bench")  # fails on a clashing option
+    options = parser.parse_args(["lifecycle", "--rounds", "3"])
+    assert (options.what, options.rounds) == ("lifecycle", 3)

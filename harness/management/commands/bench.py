@@ -99,7 +99,8 @@ class Command(BaseCommand):
         parser.add_argument("--workers", type=int, default=4,
                             help="lifecycle: worker processes.")
         parser.add_argument("--rounds", type=int, default=1,
-                            help="lifecycle: rounds, each ours then the Celery baseline.")
+                            help="lifecycle: rounds, each ours then the Celery baseline; "
+                                 "hostile: times the whole attack is repeated.")
         parser.add_argument("--baseline-poll", type=float, default=0.005,
                             help="lifecycle: seconds between a baseline caller's polls of "
                                  "the result table (AsyncResult.get's interval).")
@@ -114,8 +115,6 @@ class Command(BaseCommand):
                                  "SQLite) instead of daphne on the configured database.")
         parser.add_argument("--scale", type=float, default=1.0,
                             help="hostile: size of every phase, 1 being the full attack.")
-        parser.add_argument("--rounds", type=int, default=1,
-                            help="hostile: times the whole attack is repeated.")
         parser.add_argument("--seed", type=int, default=None,
                             help="hostile: the socket fuzzer's seed (random by default).")
         parser.add_argument("--metrics-runs", type=int, default=1_000_000,
