@@ -44,7 +44,8 @@ def test_the_resume_dialog_on_a_runs_page_resumes_it(page, embedded_site):
     page.wait_for_selector(f'{row}[data-state="awaiting"]')
     page.click(f'{row} [data-action="resume"]')
     page.wait_for_selector("#resume-dialog[open]")
-    assert "Paused by an operator" in page.text_content('[data-field="resume-why"]')
+    # The dialog asks the server for the ticket as it stands, then says why it is open.
+    page.wait_for_selector('[data-field="resume-why"]:has-text("Paused by an operator")')
     page.click('[data-action="confirm-resume"]')
     page.wait_for_selector(f'{row}[data-state="running"]')
     assert not page.is_visible("#resume-dialog")
