@@ -189,10 +189,14 @@ def test_a_late_chunk_after_the_terminal_commit_is_never_shown_or_stored(agent_s
     model = "echo+hang=0+hang=2"  # holds before its first chunk, then after two
     run = create(agent_site, "demo.chat", {"prompt": "zebra quartz", "model": model})
     watcher = watch(run["id"])
-    call = provider_stub.stub.wait(lambda calls: next(
+    provider_stub.stub.wait(lambda calls: next(
         (c for c in calls if c.model == model and c.holding), None), what="the call")
     provider_stub.stub.release()
-    provider_stub.stub.wait(lambda calls: call.holding and call.chunks == 2, what="two chunks")
+    # The call that goes on (if the client ever asked again, the newest one), held again
+    # after its second chunk.
+    call = provider_stub.stub.wait(lambda calls: next(
+        (c for c in reversed(calls) if c.model == model and c.holding and c.chunks == 2),
+        None), what="two chunks")
     watcher.wait(lambda messages: "said:" in "".join(
         m.get("delta", "") for m in messages if m["type"] == "run.output"))
     status, body = agent_site.call("POST", f"/api/runs/{run['id']}/cancel/", {})
