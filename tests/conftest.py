@@ -237,3 +237,22 @@ def agent_site(tmp_path_factory, provider_stub, example_package):
            "AWAKEN_PROVIDER_API_KEY": PROVIDER_KEY, "PYTHONPATH": str(example_package)}
     with EmbeddedSite(tmp_path_factory.mktemp("agents"), extra_env=env) as site:
         yield site.wait_ready(40)
+
+
+# Debian's chromium, for the browser tests (tests/test_browser*.py); never a downloaded build.
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium, headless, driven by Playwright: one per test module."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync"])
+        yield browser
+        browser.close()

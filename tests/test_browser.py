@@ -12,25 +12,10 @@ import pytest
 from harness.processes import ROOT
 from runs.providers.stub import DEFAULT_CANNED
 from tests.accessibility import serious_violations
-
-CHROMIUM = "/usr/bin/chromium"
+from tests.conftest import CHROMIUM
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason="needs Debian's chromium (apt-get install chromium)")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync"])
-        yield browser
-        browser.close()
 
 
 def logged_in(browser, site, username="admin", password=None):

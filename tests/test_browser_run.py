@@ -9,7 +9,8 @@ import pytest
 
 from harness.processes import wait_until
 from tests.accessibility import serious_violations
-from tests.test_browser import CHROMIUM, browser, logged_in  # noqa: F401 (fixture)
+from tests.conftest import CHROMIUM
+from tests.test_browser import logged_in
 
 pytestmark = pytest.mark.skipif(
     not __import__("os").path.exists(CHROMIUM), reason="needs Debian's chromium")
