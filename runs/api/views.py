@@ -158,8 +158,10 @@ class EndRequestView(ControlView):
         run_id = selectors.parse_run_id(run_id)
         data = validated(self.serializer_class, request)
         wait = query(s.WaitQuery, request)["wait"]
-        result = self.request_end(run_id, data, actor=actor(request), source=source(request))
-        return control_response(waiting.wait_for_end(result.run, wait))
+        with waiting.watching(run_id) as watch:
+            result = self.request_end(run_id, data, actor=actor(request),
+                                      source=source(request))
+            return control_response(waiting.wait_for_end(result.run, wait, watch))
 
 
 class RunCancelView(EndRequestView):
@@ -209,11 +211,14 @@ class RunPauseView(ControlView):
         or ended before reaching a boundary (``run`` is the committed run)."""
         validated(s.NoBodySerializer, request)
         wait = query(s.WaitQuery, request)["wait"]
-        try:
-            run = domain.run_pause(run_id=run_id, actor=actor(request), source=source(request))
-        except NotActive as error:
-            return not_active(error.message, selectors.run_get(run_id))
-        run = waiting.wait_until_not_running(run, wait)
+        run_id = selectors.parse_run_id(run_id)
+        with waiting.watching(run_id) as watch:
+            try:
+                run = domain.run_pause(run_id=run_id, actor=actor(request),
+                                       source=source(request))
+            except NotActive as error:
+                return not_active(error.message, selectors.run_get(run_id))
+            run = waiting.wait_until_not_running(run, wait, watch)
         if run["state"] == RunState.ENDED:
             return not_active("The run ended before it reached a step boundary.", run)
         code = status.HTTP_202_ACCEPTED if run["state"] == RunState.RUNNING else status.HTTP_200_OK

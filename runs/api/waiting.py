@@ -2,10 +2,13 @@
 
 The wait is woken by the change stream's push of the run's next committed change, never by
 polling; the push carries the committed run, so waking costs no query, and the request
-holds no database connection while it waits.
+holds no database connection while it waits. The view watches the run before its request
+is committed (``watching``): every change committed after it is pushed to the watch, so the
+run as the request committed it is all the wait needs to start from, with no read.
 """
 
 import time
+from contextlib import contextmanager
 
 from runs.changes import stream
 from runs.domain import selectors
@@ -14,36 +17,41 @@ from runs.models import Run, RunState
 from runs.wire.web_side import release_database
 
 
-def wait_for_end(run, wait: float) -> dict:
-    return wait_until(run, wait, lambda state: state == RunState.ENDED)
+@contextmanager
+def watching(run_id):
+    """Watch the run's pushes from here on: around the request that changes it."""
+    with stream.watch(run_id) as watch:
+        yield watch
 
 
-def wait_until_not_running(run, wait: float) -> dict:
-    return wait_until(run, wait, lambda state: state != RunState.RUNNING)
+def wait_for_end(run, wait: float, watch) -> dict:
+    return wait_until(run, wait, lambda state: state == RunState.ENDED, watch)
 
 
-def wait_until(run: Run, wait: float, done) -> dict:
+def wait_until_not_running(run, wait: float, watch) -> dict:
+    return wait_until(run, wait, lambda state: state != RunState.RUNNING, watch)
+
+
+def wait_until(run: Run, wait: float, done, watch) -> dict:
     """The run (as the API shows it) once ``done(state)`` holds, or as committed at the end.
 
-    ``run`` is the run as the caller's transaction committed it: if it was not done then,
-    the wait subscribes first and reads it once subscribed (no read beforehand)."""
-    run_id = run.pk
+    ``run`` is the run as the caller's transaction committed it, and ``watch`` began before
+    that transaction: a later change is pushed to it. The run is read only when the wait
+    ends without a push that is done (or when no push can come)."""
     deadline = time.monotonic() + wait
-    if wait <= 0 or done(run.state):
-        run = committed(run_id)
-        if wait <= 0 or done(run["state"]):
-            return run
-    with stream.watch(run_id) as watch:
-        run = committed(run_id)  # read again once subscribed: nothing slips in between
-        release_database()  # the wait is for a push, not for the database
-        while watch.live and not done(run["state"]):
-            left = deadline - time.monotonic()
-            pushed = watch.next(left) if left > 0 else None
-            if pushed is None:
-                break
-            if pushed["version"] > run["version"]:
-                run = pushed
-    return run
+    if wait <= 0 or done(run.state) or not watch.live:
+        return committed(run.pk)
+    release_database()  # the wait is for a push, not for the database
+    version = run.version
+    while True:
+        left = deadline - time.monotonic()
+        pushed = watch.next(left) if left > 0 else None
+        if pushed is None:
+            return committed(run.pk)
+        if pushed["version"] > version:
+            if done(pushed["state"]):
+                return pushed
+            version = pushed["version"]
 
 
 def committed(run_id) -> dict:

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from runs.domain import ports, sql
 from runs.domain.errors import RunNotFound
+from runs.domain.prepared import Prepared
 from runs.models import (
     AppliedVia,
     Attempt,
@@ -163,9 +164,16 @@ def dispatch_after_commit(*runs: Run) -> None:
     after_commit(ports.workers.runs_queued, runs=[(run.id, run.start_after) for run in runs])
 
 
+INTENT = Prepared(lambda pk: ControlIntent.objects.filter(pk=pk), pk=ControlIntent._meta.pk)
+
+
 def pending_intent(run: Run) -> ControlIntent | None:
     """The run's cancel or stop request that has not been applied yet, if any."""
-    return run.control if run.control is not None and run.control.applied_at is None else None
+    if run.control_id is None:
+        return None
+    if not Run.control.is_cached(run):
+        run.control = INTENT.first(pk=run.control_id)
+    return run.control if run.control.applied_at is None else None
 
 
 def record_intent(run: Run, *, action: str, reason: str | None, stop_code: str | None,

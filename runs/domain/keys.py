@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from runs.domain import roles, throttle
 from runs.domain.errors import TooManyFailures
-from runs.models import ApiKey, AuthScope
+from runs.domain.prepared import Prepared
+from runs.models import ApiKey, AuthFailure, AuthScope
 
 PREFIX_LENGTH = 8
 # What a key can look like; anything else is refused without a lookup.
@@ -36,6 +37,22 @@ def api_key_issue(*, user) -> str:
     return key
 
 
+def _key_lookup(*, digest, address, prefix, since, failures):
+    idents = [(AuthScope.ADDRESS, address), (AuthScope.KEY_PREFIX, prefix)]
+    return (ApiKey.objects.select_related("user")
+            .annotate(locked=throttle.last_lock(idents, since=since, failures=failures),
+                      **roles.role_annotations("user_id"))
+            .filter(digest=digest).order_by("pk")[:1])
+
+
+# A key with its user, the locks of its address and prefix, and the user's roles.
+KEY_LOOKUP = Prepared(
+    _key_lookup, digest=ApiKey._meta.get_field("digest"),
+    address=AuthFailure._meta.get_field("ident"), prefix=AuthFailure._meta.get_field("ident"),
+    since=AuthFailure._meta.get_field("last_failed_at"),
+    failures=AuthFailure._meta.get_field("failures"))
+
+
 def user_for_api_key(*, key: str, address: str):
     """The active user whose key ``key`` is, or None.
 
@@ -53,10 +70,8 @@ def user_for_api_key(*, key: str, address: str):
     if well_formed:
         idents.append((AuthScope.KEY_PREFIX, key[:PREFIX_LENGTH]))
         now = timezone.now()
-        found = (ApiKey.objects.select_related("user")
-                 .annotate(locked=throttle.last_lock(idents, now),
-                           **roles.role_annotations("user_id"))
-                 .filter(digest=key_digest(key)).first())
+        found = KEY_LOOKUP.first(digest=key_digest(key), address=address[:64],
+                                 prefix=key[:PREFIX_LENGTH], **throttle.lock_bounds(now))
         if found is not None:
             wait = throttle.seconds_left(found.locked, now)
             if wait:

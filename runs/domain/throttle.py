@@ -30,22 +30,28 @@ def _matching(idents: list[Ident]) -> Q:
     return reduce(operator.or_, (Q(scope=scope, ident=ident) for scope, ident in idents))
 
 
-def _locks(idents: list[Ident], now):
-    return AuthFailure.objects.filter(
-        _matching(idents), failures__gte=settings.AWAKEN_AUTH_FAILURES,
-        last_failed_at__gt=now - _period())
+def lock_bounds(now) -> dict:
+    """What makes a count a lock at ``now``: at least ``failures`` failures, the last one
+    after ``since``."""
+    return {"since": now - _period(), "failures": settings.AWAKEN_AUTH_FAILURES}
+
+
+def _locks(idents: list[Ident], *, since, failures):
+    return AuthFailure.objects.filter(_matching(idents), failures__gte=failures,
+                                      last_failed_at__gt=since)
 
 
 def locked_for(idents: list[Ident]) -> int:
     """Whole seconds until none of ``idents`` is locked any more; 0 when none is."""
     now = timezone.now()
-    return seconds_left(_locks(idents, now).aggregate(last=Max("last_failed_at"))["last"], now)
+    return seconds_left(_locks(idents, **lock_bounds(now)).aggregate(
+        last=Max("last_failed_at"))["last"], now)
 
 
-def last_lock(idents: list[Ident], now) -> Subquery:
-    """The last failure of those of ``idents`` that are locked at ``now`` (NULL when none
-    is), as a subquery: a key's lookup reads it in its own statement."""
-    return Subquery(_locks(idents, now).order_by("-last_failed_at")
+def last_lock(idents: list[Ident], *, since, failures) -> Subquery:
+    """The last failure of those of ``idents`` that are locked (``lock_bounds``; NULL when
+    none is), as a subquery: a key's lookup reads it in its own statement."""
+    return Subquery(_locks(idents, since=since, failures=failures).order_by("-last_failed_at")
                     .values("last_failed_at")[:1])
 
 

@@ -1,0 +1,116 @@
+"""Prepared reads give what their querysets give, with each call's own values."""
+
+import threading
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from runs import domain
+from runs.domain import core, keys, selectors, throttle
+from runs.domain.prepared import Prepared
+from runs.models import AuthFailure, AuthScope, ControlIntent, Run, RunState
+from tests.conftest import make_user
+from tests.factories import awaiting_run, queued_run, running_run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def fields_of(instance) -> dict:
+    return {f.attname: getattr(instance, f.attname) for f in type(instance)._meta.concrete_fields}
+
+
+def test_a_run_is_read_as_the_queryset_reads_it_with_its_ticket_and_request():
+    run, _ = awaiting_run()
+    domain.run_cancel(run_id=queued_run().pk, actor="t", source="api")
+    running, generation = running_run()
+    domain.run_cancel(run_id=running.pk, actor="t", source="api")
+    for run_id in (run.pk, running.pk, *Run.objects.values_list("pk", flat=True)):
+        prepared = selectors.run_get(run_id)
+        plain = selectors.runs().get(pk=run_id)
+        assert fields_of(prepared) == fields_of(plain)
+        for related in ("ticket", "control"):
+            assert Run._meta.get_field(related).is_cached(prepared)
+            mine, theirs = getattr(prepared, related), getattr(plain, related)
+            assert (mine and fields_of(mine)) == (theirs and fields_of(theirs))
+
+
+def test_each_call_uses_its_own_values():
+    first, second = queued_run(), queued_run()
+    assert selectors.run_get(first.pk).pk == first.pk
+    assert selectors.run_get(str(second.pk)).pk == second.pk
+    with pytest.raises(domain.RunNotFound):
+        selectors.run_get(uuid.uuid4())
+
+
+def test_a_claim_holds_only_for_its_generation_and_owner():
+    run, generation = running_run()
+    run.refresh_from_db()
+    assert selectors.claim_holds(run_id=run.pk, generation=generation, owner=run.owner)
+    assert not selectors.claim_holds(run_id=run.pk, generation=generation + 1, owner=run.owner)
+    assert not selectors.claim_holds(run_id=run.pk, generation=generation, owner="other:1")
+    assert not selectors.claim_holds(run_id=uuid.uuid4(), generation=generation,
+                                     owner=run.owner)
+
+
+def test_a_pending_intent_is_read_once_and_an_applied_one_is_not_pending():
+    run, _ = running_run()
+    domain.run_cancel(run_id=run.pk, actor="t", source="api")
+    fresh = Run.objects.get(pk=run.pk)
+    intent = core.pending_intent(fresh)
+    assert intent == ControlIntent.objects.get(run=run)
+    assert core.pending_intent(fresh) is intent  # kept on the run, not read again
+    ControlIntent.objects.filter(pk=intent.pk).update(applied_at=timezone.now())
+    assert core.pending_intent(Run.objects.get(pk=run.pk)) is None
+    assert core.pending_intent(queued_run()) is None
+
+
+def test_the_key_lookup_reads_locks_and_roles_as_the_queryset_does(settings):
+    user = make_user("alice", "operator")
+    key = keys.api_key_issue(user=user)
+    now = timezone.now()
+    values = {"digest": keys.key_digest(key), "address": "10.0.0.1", "prefix": key[:8],
+              **throttle.lock_bounds(now)}
+    plain = keys._key_lookup(**values).first()
+    prepared = keys.KEY_LOOKUP.first(**values)
+    assert prepared.locked is None is plain.locked
+    assert (prepared._awaken_has_operator, prepared._awaken_has_viewer) == (True, False)
+    assert fields_of(prepared.user) == fields_of(plain.user)
+    # A lock of the prefix shows; with more failures needed (a setting), it does not.
+    AuthFailure.objects.create(scope=AuthScope.KEY_PREFIX, ident=key[:8],
+                               failures=settings.AWAKEN_AUTH_FAILURES,
+                               last_failed_at=now - timedelta(seconds=1))
+    assert keys.KEY_LOOKUP.first(**values).locked == keys._key_lookup(**values).first().locked
+    assert keys.KEY_LOOKUP.first(**values).locked is not None
+    settings.AWAKEN_AUTH_FAILURES += 1
+    assert keys.KEY_LOOKUP.first(**{**values, **throttle.lock_bounds(now)}).locked is None
+    assert keys.KEY_LOOKUP.first(**{**values, "digest": "0" * 64}) is None
+
+
+def test_every_thread_compiles_on_its_own_connection():
+    runs = [queued_run() for _ in range(4)]
+    found, errors = {}, []
+
+    def read(run):
+        try:
+            found[run.pk] = selectors.run_get(run.pk).pk
+        except Exception as error:  # reported below
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=read, args=(run,)) for run in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors
+    assert found == {run.pk: run.pk for run in runs}
+
+
+def test_a_parameter_the_statement_does_not_use_is_refused():
+    unused = Prepared(lambda pk: Run.objects.filter(state=RunState.QUEUED), pk=Run._meta.pk)
+    with pytest.raises(ValueError, match="'pk' is not in the statement"):
+        unused.rows(pk=uuid.uuid4())
