@@ -138,6 +138,7 @@ def _database() -> dict:
         # A connection pool, not persistent connections: under ASGI every request runs in a
         # thread of its own, and a per-thread connection would be a new one per request.
         config["CONN_MAX_AGE"] = 0
+        idle = envnumber("DB_IDLE_IN_TRANSACTION_SECONDS", "10", kind=float, minimum=0.1)
         config["OPTIONS"] = {
             "pool": {
                 "min_size": envnumber("DB_POOL_MIN", "2", minimum=0),
@@ -150,6 +151,11 @@ def _database() -> dict:
             # statements of the transitions are parsed and planned once per connection.
             "server_side_binding": True,
             "prepare_threshold": 5,
+            # A process frozen inside a transaction (stopped, swapped out, stuck in a
+            # debugger) would hold its row locks until its connection died, and the
+            # sweeper would wait on them for ever: the server ends such a session instead.
+            # No transaction here waits on anything but the database.
+            "options": f"-c idle_in_transaction_session_timeout={round(idle * 1000)}",
         }
     else:
         raise ImproperlyConfigured(f"DATABASE_URL must be sqlite:// or postgres://, not {url!r}")

@@ -252,8 +252,7 @@ class Stream:
         thread. While the channel layer is unreachable the watch is not ``live`` and gets no
         push: the caller answers with the state committed so far instead of waiting."""
         key = str(run_id)
-        live = get_channel_layer() is not None and self._ensure_listening().wait(timeout)
-        watch = Watch(live)
+        watch = Watch(self.listening(timeout))
         with self._lock:
             self._watches.setdefault(key, set()).add(watch)
         try:
@@ -265,6 +264,11 @@ class Stream:
                     waiting.discard(watch)
                     if not waiting:
                         del self._watches[key]
+
+    def listening(self, timeout: float) -> bool:
+        """Whether the stream is subscribed, waiting up to ``timeout`` for it (starting
+        the subscription if need be)."""
+        return get_channel_layer() is not None and self._ensure_listening().wait(timeout)
 
     # --- in: the subscription ---------------------------------------------------------------
 

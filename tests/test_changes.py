@@ -230,3 +230,22 @@ def test_deployments_that_share_a_redis_server_never_hear_each_other():
             await green.flush()
 
     async_to_sync(body)()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_wait_that_began_before_the_stream_subscribed_reads_the_run_once_it_has():
+    """A change committed while the stream was not subscribed yet is never pushed: the
+    wait reads the run once subscribed instead of waiting for a push that cannot come."""
+    from runs import domain
+    from runs.api import waiting
+    from tests.factories import running_run
+
+    run, _ = running_run()
+    result = domain.run_cancel(run_id=run.pk, actor="olga", source="api")
+    domain.attempt_interrupted(run_id=run.pk, generation=result.run.generation)  # unseen
+    with waiting.watching(run.pk) as watch:
+        watch.live = False  # as if the stream subscribed only after the request committed
+        started = time.monotonic()
+        answer = waiting.wait_for_end(result.run, 30, watch)
+    assert answer["state"] == "ended" and answer["end_cause"] == "cancelled"
+    assert time.monotonic() - started < 15, "it waited for a push that could not come"

@@ -288,7 +288,9 @@ def test_a_frozen_attempt_is_fenced_after_a_reclaim(worker, spare_worker, settin
     wait_until(lambda: run_of(run_id).steps >= 1, what="a first step")
     frozen.signal(signal.SIGSTOP)
     try:
-        sweep_until(lambda: run_of(run_id).generation == 2, 8, "a reclaim")
+        # Frozen inside a transaction, it holds a row lock until the server ends its
+        # session (DB_IDLE_IN_TRANSACTION_SECONDS); the reclaim follows.
+        sweep_until(lambda: run_of(run_id).generation == 2, 25, "a reclaim")
     finally:
         frozen.signal(signal.SIGCONT)  # generation 1 wakes up holding nothing
     run = wait_state(run_id, RunState.ENDED, timeout=15)

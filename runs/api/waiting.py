@@ -16,11 +16,15 @@ from runs.domain.representation import run_data
 from runs.models import Run, RunState
 from runs.wire.web_side import release_database
 
+SUBSCRIBE_SECONDS = 2.0  # how long a wait waits for the stream to subscribe
+
 
 @contextmanager
 def watching(run_id):
-    """Watch the run's pushes from here on: around the request that changes it."""
-    with stream.watch(run_id) as watch:
+    """Watch the run's pushes from here on: around the request that changes it. It does
+    not wait for the stream to subscribe: the request is not held up (a durable intent is
+    written first), and a wait that began unsubscribed reads the run once subscribed."""
+    with stream.watch(run_id, timeout=0) as watch:
         yield watch
 
 
@@ -37,12 +41,19 @@ def wait_until(run: Run, wait: float, done, watch) -> dict:
 
     ``run`` is the run as the caller's transaction committed it, and ``watch`` began before
     that transaction: a later change is pushed to it. The run is read only when the wait
-    ends without a push that is done (or when no push can come)."""
+    ends without a push that is done, or when the stream was not subscribed yet."""
     deadline = time.monotonic() + wait
-    if wait <= 0 or done(run.state) or not watch.live:
+    if wait <= 0 or done(run.state):
         return committed(run.pk)
-    release_database()  # the wait is for a push, not for the database
     version = run.version
+    if not watch.live:  # not subscribed when the request began: a change may be unpushed
+        if not stream.listening(SUBSCRIBE_SECONDS):
+            return committed(run.pk)  # no push will come: the state committed so far
+        current = committed(run.pk)
+        if done(current["state"]):
+            return current
+        version = current["version"]
+    release_database()  # the wait is for a push, not for the database
     while True:
         left = deadline - time.monotonic()
         pushed = watch.next(left) if left > 0 else None

@@ -179,10 +179,9 @@ def pending_intent(run: Run) -> ControlIntent | None:
 def record_intent(run: Run, *, action: str, reason: str | None, stop_code: str | None,
                   actor: str, source: str, caused_by_id=None) -> ControlIntent:
     """Write a control intent and its ``*_requested`` event (the run must be locked)."""
-    intent = ControlIntent.objects.create(
-        run=run, action=action, reason=reason, stop_code=stop_code, requested_by=actor,
-        source=source, caused_by_id=caused_by_id,
-    )
+    intent = ControlIntent(run=run, action=action, reason=reason, stop_code=stop_code,
+                           requested_by=actor, source=source, caused_by_id=caused_by_id)
+    sql.insert(intent)
     run.control = intent
     record(run, _requested_kind(action), fields=("control",), actor=actor, source=source,
            data=_request_data(reason, stop_code, caused_by_id))
@@ -275,24 +274,23 @@ def finish(
 
     now = timezone.now()
     fields = ["state", "end_cause", "ended_at"]
-    also = ()
+    also = []  # the other rows the boundary writes, in the run's own statement
     if run.state == RunState.RUNNING:
         lost = via == AppliedVia.SWEEPER
         released, close = _release(run, CloseReason.LOST if lost else ending.cause, now=now)
         fields += released
-        also = (close,)
+        also.append(close)
     if run.ticket is not None:
-        run.ticket.state = TicketState.REVOKED
-        run.ticket.closed_at = now
-        run.ticket.closed_by = actor
-        run.ticket.save(update_fields=["state", "closed_at", "closed_by"])
+        ticket = run.ticket
+        ticket.state, ticket.closed_at, ticket.closed_by = TicketState.REVOKED, now, actor
+        also.append(sql.Update(ticket, ("state", "closed_at", "closed_by")))
         run.ticket = None
         fields.append("ticket")
     intent = pending_intent(run)
     if intent is not None:
         intent.applied_at = now
         intent.applied_via = via
-        intent.save(update_fields=["applied_at", "applied_via", "delivered_at"])
+        also.append(sql.Update(intent, ("applied_at", "applied_via", "delivered_at")))
 
     run.state = RunState.ENDED
     run.end_cause = ending.cause
@@ -309,7 +307,8 @@ def finish(
         run.stop_reason = data["stop_reason"] = ending.stop_reason
         fields += ["stop_code", "stop_reason"]
     _, children = _transition([run], EventKind.ENDED, fields=tuple(fields), actor=actor,
-                              source=source, data=lambda _: data, also=also, children_of=run)
+                              source=source, data=lambda _: data, also=tuple(also),
+                              children_of=run)
     end_children(run, actor=actor, source=source, children=children)
     return True
 
