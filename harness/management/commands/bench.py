@@ -187,8 +187,11 @@ class Command(BaseCommand):
 
     def cancel(self, levels, cancels, batch, no_baseline) -> list:
         rows = []
-        with self.system() as (web, workers):
+        # Room on the worker for the live attempts and the runs cancelled among them.
+        room = {"AWAKEN_WORKER_CAPACITY": str(max(levels) + batch)}
+        with self.system(extra_env=room) as (web, workers):
             client = Client(web.port, self.token)
+            rows += self.floors(client, workers[0], cancels)
             for level in levels:
                 rows += self.measure_level(client, level, cancels, batch,
                                            cpu_of={"web": web, "worker": workers[0]})
@@ -228,6 +231,26 @@ class Command(BaseCommand):
         if status != 201:
             raise CommandError(f"create failed: {status} {body}")
         return body["id"]
+
+    def floors(self, client, worker, samples: int) -> list:
+        """What the parts of a cancel cost on this machine with nothing of ours in them:
+        an authenticated read of one run through the same web process (the HTTP, Django,
+        DRF and key check every request pays), and a remote-control round trip to the
+        same worker through the broker (the hop a live signal takes, and back)."""
+        run_id = self.create(client, "demo.steps", {"steps": 1, "step_seconds": 0})
+        reads, pings = [], []
+        for _ in range(samples):
+            sent = time.monotonic()
+            client.call("GET", f"/api/runs/{run_id}/")
+            reads.append((time.monotonic() - sent) * 1000)
+        for _ in range(samples):
+            sent = time.monotonic()
+            if not app.control.ping(destination=[worker.node], timeout=1.0, limit=1):
+                raise CommandError(f"{worker.node} did not answer a ping")
+            pings.append((time.monotonic() - sent) * 1000)
+        return [("floor", "GET one run -> 200 (HTTP, Django, DRF, key check)", reads, ""),
+                ("floor", "broker round trip to the worker (control ping)", pings,
+                 "one way is about half")]
 
     def measure_level(self, client, level: int, cancels: int, batch: int, cpu_of: dict) -> list:
         background = [self.create(client, "demo.steps", {"steps": 1, "step_seconds": 86400})
