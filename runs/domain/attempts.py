@@ -224,8 +224,15 @@ def attempt_renew(*, owner: str, attempts: list[tuple], lease_seconds: float) ->
     # one closed after it cannot be, its lease being fresh.
     renewed = {(str(run_id), generation)
                for run_id, generation in live.values_list("run_id", "generation")} & wanted
-    intents = {str(intent.run_id): intent for intent in ControlIntent.objects.filter(
-        run_id__in=[run_id for run_id, _ in renewed], applied_at__isnull=True)}
+    # The pending requests on this owner's live attempts, found from the pending side (its
+    # partial index holds only requests not applied yet): asked by the ids of thousands of
+    # attempts instead, the planner may read every request ever made, ended runs' included.
+    renewed_runs = {run_id for run_id, _ in renewed}
+    pending = ControlIntent.objects.filter(
+        applied_at__isnull=True, run__attempts__owner=owner,
+        run__attempts__state=AttemptState.LIVE).order_by()
+    intents = {str(intent.run_id): intent for intent in pending
+               if str(intent.run_id) in renewed_runs}
     return Renewal(renewed, intents)
 
 
