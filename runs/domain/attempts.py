@@ -221,11 +221,18 @@ def attempt_renew(*, owner: str, attempts: list[tuple], lease_seconds: float) ->
     live = Attempt.objects.filter(owner=owner, state=AttemptState.LIVE, run_id__in=run_ids)
     live.update(lease_expires_at=Now() + timedelta(seconds=lease_seconds))
     # Read after the update: an attempt closed before it was not renewed and is absent here;
-    # one closed after it cannot be, its lease being fresh.
-    renewed = {(str(run_id), generation)
-               for run_id, generation in live.values_list("run_id", "generation")} & wanted
-    intents = {str(intent.run_id): intent for intent in ControlIntent.objects.filter(
-        run_id__in=[run_id for run_id, _ in renewed], applied_at__isnull=True)}
+    # one closed after it cannot be, its lease being fresh. Unordered: the default order
+    # would join every attempt's run.
+    renewed = {(str(run_id), generation) for run_id, generation
+               in live.order_by().values_list("run_id", "generation")} & wanted
+    # Every pending request, read through the partial index that holds only those: they
+    # are few, whatever the history. Asked by the ids of thousands of attempts instead, the
+    # planner may read every request ever made, or every attempt and run, as its
+    # statistics lead it.
+    renewed_runs = {run_id for run_id, _ in renewed}
+    intents = {str(intent.run_id): intent
+               for intent in ControlIntent.objects.filter(applied_at__isnull=True).order_by()
+               if str(intent.run_id) in renewed_runs}
     return Renewal(renewed, intents)
 
 

@@ -18,6 +18,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
 
@@ -47,7 +48,17 @@ from runs import domain
 from runs.domain import selectors, sql
 from runs.domain.core import Ending
 from runs.domain.overview import time_to_stop
-from runs.models import Attempt, CloseReason, ControlIntent, Event, EventKind, Run, RunState
+from runs.models import (
+    Attempt,
+    AttemptState,
+    CloseReason,
+    ControlIntent,
+    Event,
+    EventKind,
+    Run,
+    RunState,
+    WorkerProcess,
+)
 from runs.providers.stub import StubServer
 
 
@@ -57,6 +68,28 @@ def percentiles(samples: list[float]) -> tuple[float, float, float]:
         return value, value, value
     cuts = statistics.quantiles(samples, n=100, method="inclusive")
     return cuts[49], cuts[94], cuts[98]
+
+
+@dataclass
+class Cancels:
+    """Cancels measured one by one over HTTP (``Command.cancel_samples``), in ms."""
+
+    cpu: dict  # name of a group of processes -> CPU ns they spent, request to response
+    committed: list = field(default_factory=list)  # request sent -> end committed
+    answered: list = field(default_factory=list)  # request sent -> response read
+    codes: dict = field(default_factory=dict)  # HTTP status -> count
+    runs: list = field(default_factory=list)  # the runs cancelled
+    unstarted: int = 0  # runs to cancel that were not running 30 s after their creation
+
+    def rows(self, key: str, note: str = "") -> list:
+        codes = ", ".join(f"{code}: {count}" for code, count in sorted(self.codes.items()))
+        if self.unstarted:
+            codes += f"; {self.unstarted} not started in 30 s, not measured"
+        return [(key, "REST cancel -> ended/cancelled committed", self.committed,
+                 "; ".join(filter(None, (codes, note)))),
+                (key, "REST cancel -> 200 response", self.answered, ""),
+                *((key, f"CPU of the {name} per cancel", spent / 1e6 / max(len(self.answered), 1),
+                   "ms, all threads, request to response") for name, spent in self.cpu.items())]
 
 
 class Client:
@@ -76,17 +109,22 @@ class Command(BaseCommand):
             "streaming model call as the provider sees it, socket push latency, lifecycle "
             "throughput, run-list latency at 100k runs and memory per live attempt. With no "
             "argument, all of them in one table. On demand only: 'hostile', the hostile-input "
-            "suite against a real daphne, with its memory and CPU before, during and after.")
+            "suite against a real daphne, with its memory and CPU before, during and after; "
+            "'spread', 10,000 live attempts on 4 worker processes: cancels among them, their "
+            "memory and what a lease interval costs the database.")
 
     def add_arguments(self, parser):
         parser.add_argument("what", nargs="?", default="all",
                             choices=["all", "cancel", "provider", "push", "lifecycle", "list",
-                                     "memory", "sql", "metrics", "leases", "hostile"])
+                                     "memory", "sql", "metrics", "leases", "spread",
+                                     "hostile"])
         parser.add_argument("--live", default="1,100,500",
                             help="cancel: numbers of other live attempts on the worker.")
-        parser.add_argument("--cancels", type=int, default=300, help="cancel: samples per level.")
+        parser.add_argument("--cancels", type=int, default=300,
+                            help="cancel: samples per level; spread: samples.")
         parser.add_argument("--batch", type=int, default=25,
-                            help="cancel: runs started together, then cancelled one by one.")
+                            help="cancel, spread: runs started together, then cancelled one "
+                                 "by one.")
         parser.add_argument("--no-baseline", action="store_true")
         parser.add_argument("--provider-cancels", type=int, default=200,
                             help="provider: cancels of streaming model calls measured.")
@@ -97,7 +135,7 @@ class Command(BaseCommand):
         parser.add_argument("--lifecycles", type=int, default=5000,
                             help="lifecycle: runs created and completed.")
         parser.add_argument("--workers", type=int, default=4,
-                            help="lifecycle: worker processes.")
+                            help="lifecycle, spread: worker processes.")
         parser.add_argument("--rounds", type=int, default=1,
                             help="lifecycle: rounds, each ours then the Celery baseline; "
                                  "hostile: times the whole attack is repeated.")
@@ -123,6 +161,11 @@ class Command(BaseCommand):
                             help="leases: live attempts of the one worker that renews them.")
         parser.add_argument("--scrapes", type=int, default=300,
                             help="metrics: scrapes of /metrics measured.")
+        parser.add_argument("--spread", type=int, default=10_000,
+                            help="spread: live attempts, shared evenly by the worker processes.")
+        parser.add_argument("--ended", type=int, default=0,
+                            help="spread: ended runs in the database (inserted in bulk, as for "
+                                 "metrics, if fewer).")
 
     def handle(self, what, **options):
         if what == "sql":  # in this process alone: the database is all it needs
@@ -153,6 +196,9 @@ class Command(BaseCommand):
             "memory": lambda: self.memory(options["attempts"]),
             "sql": lambda: self.statements(options["transitions"]),
             "metrics": lambda: self.metrics(options["metrics_runs"], options["scrapes"]),
+            "spread": lambda: self.spread(options["spread"], options["workers"],
+                                          options["cancels"], options["batch"],
+                                          options["ended"]),
         }
         if what == "hostile":
             self.hostile(hostile.Sizes.scaled(options["scale"]), options["rounds"],
@@ -160,7 +206,7 @@ class Command(BaseCommand):
             return
         rows = []
         try:
-            for name in (parts if what == "all" else [what]):
+            for name in ([p for p in parts if p != "spread"] if what == "all" else [what]):
                 rows += parts[name]()
         except (TimeoutError, ProcessFailed) as error:
             raise CommandError(str(error)) from error
@@ -194,7 +240,7 @@ class Command(BaseCommand):
             rows += self.floors(client, workers[0], cancels)
             for level in levels:
                 rows += self.measure_level(client, level, cancels, batch,
-                                           cpu_of={"web": web, "worker": workers[0]})
+                                           cpu_of={"web": [web], "worker": workers[:1]})
             if not no_baseline:
                 rows.append(self.baseline(cancels))
         return rows
@@ -211,9 +257,22 @@ class Command(BaseCommand):
         while its workers still run, so they take the stops and commit them)."""
         left = list(Run.objects.filter(created_by__username="bench").exclude(
             state=RunState.ENDED).values_list("id", flat=True))
-        for run_id in left:
-            domain.run_stop(run_id=run_id, actor="bench", source="cli",
-                            reason="benchmark finished")
+
+        def stop(run_ids):
+            try:
+                for run_id in run_ids:
+                    domain.run_stop(run_id=run_id, actor="bench", source="cli",
+                                    reason="benchmark finished")
+            finally:
+                connection.close()  # this thread's own
+
+        if len(left) > 100:  # thousands of live attempts: stopped by 8 threads
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(stop, [left[start::8] for start in range(8)]))
+        else:
+            for run_id in left:
+                domain.run_stop(run_id=run_id, actor="bench", source="cli",
+                                reason="benchmark finished")
 
         def ended() -> bool:
             if not Run.objects.filter(pk__in=left).exclude(state=RunState.ENDED).exists():
@@ -221,8 +280,8 @@ class Command(BaseCommand):
             domain.sweep()  # a run whose worker is gone (an earlier, killed benchmark)
             return False
 
-        wait_until(ended, 4 * settings.AWAKEN_LEASE_SECONDS, "the runs of the benchmark to end",
-                   every=0.5)
+        wait_until(ended, 4 * settings.AWAKEN_LEASE_SECONDS + len(left) / 100,
+                   "the runs of the benchmark to end", every=0.5)
 
     # --- measurements ---------------------------------------------------------------------
 
@@ -257,32 +316,46 @@ class Command(BaseCommand):
                       for _ in range(level)]
         wait_until(lambda: Run.objects.filter(pk__in=background, state=RunState.RUNNING).count()
                    == len(background), 120, f"{level} live attempts")
-        committed, answered, codes = [], [], {}
-        cpu = dict.fromkeys(cpu_of, 0)
-        while len(answered) < cancels:
-            runs = [self.create(client, "demo.hang")
-                    for _ in range(min(batch, cancels - len(answered)))]
-            wait_until(lambda runs=runs: Run.objects.filter(
-                pk__in=runs, state=RunState.RUNNING).count() == len(runs), 60,
-                "the runs to cancel to start")
-            for run_id in runs:
-                cpu_before = {name: cpu_ns(p.popen.pid) for name, p in cpu_of.items()}
-                sent_wall, sent = time.time(), time.monotonic()
-                status, body = client.call("POST", f"/api/runs/{run_id}/cancel/", {})
-                answered.append((time.monotonic() - sent) * 1000)
-                for name, process in cpu_of.items():
-                    cpu[name] += cpu_ns(process.popen.pid) - cpu_before[name]
-                codes[status] = codes.get(status, 0) + 1
-                ended_at = Run.objects.values_list("ended_at", flat=True).get(pk=run_id)
-                if ended_at is not None:
-                    committed.append((ended_at.timestamp() - sent_wall) * 1000)
+        measured = self.cancel_samples(client, cancels, batch, cpu_of)
         for run_id in background:
             client.call("POST", f"/api/runs/{run_id}/cancel/?wait=0", {})
-        note = ", ".join(f"{code}: {count}" for code, count in sorted(codes.items()))
-        return [(f"{level} live", "REST cancel -> ended/cancelled committed", committed, note),
-                (f"{level} live", "REST cancel -> 200 response", answered, ""),
-                *((f"{level} live", f"CPU of the {name} process per cancel", spent / 1e6 / cancels,
-                   "ms, all threads, request to response") for name, spent in cpu.items())]
+        return measured.rows(f"{level} live")
+
+    def cancel_samples(self, client, cancels: int, batch: int, cpu_of: dict) -> "Cancels":
+        """Start hung runs ``batch`` at a time and cancel them one by one over HTTP: the time
+        from each request to the committed end and to the response, and the CPU that the
+        processes of ``cpu_of`` (name -> processes) spent from request to response."""
+        measured = Cancels(cpu=dict.fromkeys(cpu_of, 0))
+        while len(measured.answered) < cancels and measured.unstarted < cancels:
+            runs = [self.create(client, "demo.hang")
+                    for _ in range(min(batch, cancels - len(measured.answered)))]
+            try:
+                wait_until(lambda runs=runs: Run.objects.filter(
+                    pk__in=runs, state=RunState.RUNNING).count() == len(runs), 30,
+                    "the runs to cancel to start")
+            except TimeoutError:
+                pass
+            started = set(map(str, Run.objects.filter(pk__in=runs, state=RunState.RUNNING)
+                              .values_list("pk", flat=True)))
+            measured.unstarted += len(runs) - len(started)
+            for run_id in runs:
+                if run_id not in started:  # ended unmeasured: a cancel of a queued run
+                    client.call("POST", f"/api/runs/{run_id}/cancel/?wait=0", {})
+                    continue
+                cpu_before = {name: sum(cpu_ns(p.popen.pid) for p in group)
+                              for name, group in cpu_of.items()}
+                sent_wall, sent = time.time(), time.monotonic()
+                status, body = client.call("POST", f"/api/runs/{run_id}/cancel/", {})
+                measured.answered.append((time.monotonic() - sent) * 1000)
+                for name, group in cpu_of.items():
+                    measured.cpu[name] += (sum(cpu_ns(p.popen.pid) for p in group)
+                                           - cpu_before[name])
+                measured.codes[status] = measured.codes.get(status, 0) + 1
+                measured.runs.append(run_id)
+                ended_at = Run.objects.values_list("ended_at", flat=True).get(pk=run_id)
+                if ended_at is not None:
+                    measured.committed.append((ended_at.timestamp() - sent_wall) * 1000)
+        return measured
 
     def baseline(self, cancels) -> tuple:
         """Celery's own revoke(terminate=True) of a plain hanging task on a prefork worker
@@ -555,6 +628,101 @@ class Command(BaseCommand):
         return [(f"{attempts} at", "memory per live attempt (KiB)", per_attempt,
                  f"worker RSS {base / 1024:.0f} -> {loaded / 1024:.0f} MiB")]
 
+    def spread(self, live: int, workers: int, cancels: int, batch: int, ended: int) -> list:
+        """``live`` hung attempts shared by ``workers`` worker processes (created in batches of
+        500 over HTTP; each process takes up to a fifth more than its share), then, while they
+        stay live and their leases are renewed: the database's cost of a lease interval (the
+        real renewals, then the same calls and the sweeper in this process), each worker's
+        resident memory, and REST cancels of hung runs, which land on any of them.
+        ``ended``: ended runs in the database, inserted in bulk if fewer."""
+        missing = ended - Run.objects.filter(state=RunState.ENDED).count()
+        if missing > 0:
+            self.stdout.write(f"inserting {missing} ended runs for the spread benchmark...")
+            bulk_history(missing)
+        history = f"{Run.objects.filter(state=RunState.ENDED).count() / 1e6:.1f}M runs ended"
+        key = f"{live / 1000:g}k" if live >= 1000 else str(live)
+        share = -(-live // workers)
+        spec = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 86400}}
+        env = {"AWAKEN_WORKER_CAPACITY": str(share + max(batch, share // 5))}
+        with self.system(workers=workers, extra_env=env) as (web, started):
+            client = Client(web.port, self.token)
+            background: list[str] = []
+            begun = time.monotonic()
+            while len(background) < live:
+                status, body = client.call("POST", "/api/runs/batch/",
+                                           {"runs": [spec] * min(500, live - len(background))})
+                if status != 201:
+                    raise CommandError(f"batch create failed: {status} {body}")
+                background += [run["id"] for run in body["results"]]
+            wait_until(lambda: Attempt.objects.filter(
+                run_id__in=background, state=AttemptState.LIVE).count() == live, 900,
+                f"{live} live attempts", every=1)
+            self.stdout.write(f"{live} attempts live in {time.monotonic() - begun:.0f} s")
+            held = dict(Attempt.objects.filter(run_id__in=background, state=AttemptState.LIVE)
+                        .values_list("owner").annotate(n=Count("pk")))
+            pids = {worker.pid: worker for worker in started}
+            owner_of = {pids[int(owner.rsplit(":", 1)[1])]: owner for owner in held}
+            time.sleep(settings.AWAKEN_LEASE_SECONDS / 3)  # a renewal of them all first
+            rss = [rss_kib(worker.pid) / 1024 for worker in started]
+            rows = [(key, "worker RSS (MiB), mean of the processes", statistics.mean(rss),
+                     "live/RSS: " + ", ".join(
+                         f"{held.get(owner_of.get(worker), 0)}/{mib:.0f}"
+                         for worker, mib in zip(started, rss, strict=True)))]
+            rows.append(self.renewal_cost(key, workers, history))
+            rows += lease_passes(key, list(held), history)
+            client = Client(web.port, self.token)  # the first one's idle connection is closed
+            measured = self.cancel_samples(client, cancels, batch, cpu_of={
+                "web process": [web], f"{workers} worker processes": started})
+            took = dict(Attempt.objects.filter(run_id__in=measured.runs)
+                        .values_list("owner").annotate(n=Count("pk")))
+            rows += measured.rows(key, note=f"{workers} workers; cancelled on each: "
+                                  + "/".join(str(took.get(owner_of.get(worker), 0))
+                                             for worker in started))
+        return rows
+
+    def renewal_cost(self, key: str, workers: int, history: str,
+                     intervals: int = 12) -> tuple:
+        """What the workers' own lease renewals cost the database per interval, measured
+        over ``intervals`` of them while nothing else runs: this database's statement time
+        (``pg_stat_database.active_time``), its backends' CPU, and the rows read and written
+        in the project's tables (``pg_stat_user_tables``). Each renewal ends with the
+        worker's report, one update of its row: those updates count the renewals made."""
+        report = WorkerProcess._meta.db_table
+
+        def snapshot() -> dict:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_stat_clear_snapshot()")
+                cursor.execute(
+                    "SELECT coalesce(sum(seq_tup_read + idx_tup_fetch), 0), "
+                    "coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0), "
+                    "coalesce(sum(n_tup_upd) FILTER (WHERE relname = %s), 0) "
+                    "FROM pg_stat_user_tables WHERE relname LIKE 'runs%%'", [report])
+                read, written, reports = cursor.fetchone()
+                cursor.execute("SELECT active_time, xact_commit FROM pg_stat_database "
+                               "WHERE datname = current_database()")
+                active, commits = cursor.fetchone()
+                cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = "
+                               "current_database() AND pid <> pg_backend_pid()")
+                cpu = {pid: cpu_ns(pid) for (pid,) in cursor.fetchall()}
+            return {"read": int(read), "written": int(written), "reports": int(reports),
+                    "active": float(active), "commits": int(commits), "cpu": cpu,
+                    "at": time.monotonic()}
+
+        before = snapshot()
+        time.sleep(intervals * settings.AWAKEN_LEASE_SECONDS / 3)
+        after = snapshot()
+        cpu = sum(spent - before["cpu"].get(pid, 0) for pid, spent in after["cpu"].items())
+        per = max(after["reports"] - before["reports"], 1) / workers  # intervals seen
+
+        def each(name):
+            return (after[name] - before[name]) / per
+
+        return (key, f"lease renewals of {workers} workers, database time per interval, "
+                     f"{history}", each("active"),
+                f"backend CPU {cpu / 1e6 / per:.1f} ms; rows read {each('read'):.0f}, written "
+                f"{each('written'):.0f}; {each('commits'):.0f} commits; {per:.1f} intervals "
+                f"in {after['at'] - before['at']:.0f} s")
+
     # --- hostile input -------------------------------------------------------------------------
 
     def hostile(self, sizes, rounds, seed) -> None:
@@ -818,6 +986,54 @@ def bulk_history(count: int, chunk: int = 100_000) -> None:
         cursor.execute(f"ANALYZE {run}, {attempt}, {intent}")
 
 
+def rows_touched(cursor) -> tuple[int, int]:
+    """Rows of the project's tables read and written by this backend, as PostgreSQL counts
+    them: this transaction's and, for up to a second, those of its last ones not yet
+    reported; so read it before and after, in the transaction."""
+    cursor.execute("SELECT coalesce(sum(seq_tup_read + idx_tup_fetch), 0), "
+                   "coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) "
+                   "FROM pg_stat_xact_user_tables WHERE relname LIKE 'runs%'")
+    return cursor.fetchone()
+
+
+def counted(call) -> tuple[float, int, int]:
+    """``call()`` in a transaction of its own: (ms, rows read, rows written)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        read, written = rows_touched(cursor)
+        started = time.perf_counter()
+        call()
+        taken = (time.perf_counter() - started) * 1000
+        read_after, written_after = rows_touched(cursor)
+    return taken, int(read_after - read), int(written_after - written)
+
+
+def counted_row(key: str, name: str, results: list) -> tuple:
+    reads = sorted(r for _, r, _ in results)
+    writes = sorted(w for _, _, w in results)
+    return (key, name, [t for t, _, _ in results],
+            f"rows read {reads[len(reads) // 2]}, written {writes[len(writes) // 2]} (median)")
+
+
+def lease_passes(key: str, owners: list[str], history: str, passes: int = 10) -> list:
+    """In this process: the lease renewals of one interval, the attempts of each of
+    ``owners`` renewed as its worker renews them (one call per owner), and one sweeper
+    pass, ``passes`` times each."""
+    held = {owner: list(Attempt.objects.filter(owner=owner, state=AttemptState.LIVE)
+                        .values_list("run_id", "generation")) for owner in owners}
+
+    def interval():
+        made = [counted(lambda owner=owner, pairs=pairs: domain.attempt_renew(
+            owner=owner, attempts=pairs, lease_seconds=settings.AWAKEN_LEASE_SECONDS))
+            for owner, pairs in held.items()]
+        return tuple(sum(figures) for figures in zip(*made, strict=True))
+
+    sizes = "+".join(str(len(pairs)) for pairs in held.values())
+    return [counted_row(key, f"renewals of one interval ({sizes}), in this process, "
+                             f"{history}", [interval() for _ in range(passes)]),
+            counted_row(key, f"one sweeper pass, in this process, {history}",
+                        [counted(domain.sweep) for _ in range(3 * passes)])]
+
+
 def leases_bench(live: int, passes: int = 30) -> list:
     """What one lease renewal of ``live`` attempts (one worker's) and one sweeper pass cost
     the database, with however many ended runs it holds: time in this process per pass,
@@ -835,37 +1051,14 @@ def leases_bench(live: int, passes: int = 30) -> list:
                                           lease_seconds=3600)
     pairs = [(str(a.run_id), a.generation) for a in attempts]
     ended = Run.objects.filter(state=RunState.ENDED).count()
-
-    def touched(cursor) -> tuple[int, int]:
-        # This backend's counts not yet reported: this transaction's and, for up to a
-        # second, those of its last ones; so read before and after, in the transaction.
-        cursor.execute("SELECT coalesce(sum(seq_tup_read + idx_tup_fetch), 0), "
-                       "coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) "
-                       "FROM pg_stat_xact_user_tables WHERE relname LIKE 'runs%'")
-        return cursor.fetchone()
-
-    def counted(call):
-        with transaction.atomic(), connection.cursor() as cursor:
-            read, written = touched(cursor)
-            started = time.perf_counter()
-            call()
-            taken = (time.perf_counter() - started) * 1000
-            read_after, written_after = touched(cursor)
-        return taken, int(read_after - read), int(written_after - written)
-
     rows = []
     try:
         for name, call in (
                 ("lease renewal of every attempt", lambda: domain.attempt_renew(
                     owner=owner, attempts=pairs, lease_seconds=3600)),
                 ("one sweeper pass", domain.sweep)):
-            results = [counted(call) for _ in range(passes)]
-            reads = sorted(r for _, r, _ in results)
-            writes = sorted(w for _, _, w in results)
-            rows.append((f"{live} at", f"{name}, with {ended / 1e6:.1f}M runs ended",
-                         [t for t, _, _ in results],
-                         f"rows read {reads[len(reads) // 2]}, written "
-                         f"{writes[len(writes) // 2]} (median)"))
+            rows.append(counted_row(f"{live} at", f"{name}, with {ended / 1e6:.1f}M runs ended",
+                                    [counted(call) for _ in range(passes)]))
     finally:
         for attempt in attempts:
             domain.attempt_finish(run_id=attempt.run_id, generation=attempt.generation,
