@@ -324,6 +324,13 @@ class Attempt(models.Model):
                 condition=Q(state=AttemptState.LIVE),
                 name="runs_attempt_live_lease",
             ),
+            # Each worker renews its own live attempts: read by owner, not from every
+            # worker's, however many workers and ended runs there are.
+            models.Index(
+                fields=["owner"],
+                condition=Q(state=AttemptState.LIVE),
+                name="runs_attempt_live_owner",
+            ),
         ]
 
     def __str__(self) -> str:
