@@ -170,6 +170,55 @@ def test_a_held_outbox_sends_what_it_is_released_with_first():
     async_to_sync(body)()
 
 
+def test_an_idle_outbox_writes_at_once_and_a_busy_one_keeps_the_order():
+    """``write_now`` is tried only when nothing waits or is being sent: a message never
+    overtakes one queued before it."""
+    async def body():
+        written, sent = [], []
+        takes = {"now": True}
+
+        def write_now(text):
+            if takes["now"]:
+                written.append(text)
+            return takes["now"]
+
+        async def send(text):
+            sent.append(text)
+
+        async def nothing():
+            pass
+
+        outbox = Outbox(send, nothing, write_now=write_now, held=True)
+        outbox.put("before release")
+        assert written == []  # a held outbox writes nothing
+        outbox.release("snapshot")
+        outbox.put("1")
+        assert written == []  # behind the snapshot and what was put meanwhile
+        deadline = time.monotonic() + 5
+        while len(sent) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert sent == ["snapshot", "before release", "1"]
+
+        outbox.put("2")
+        assert written == ["2"]  # idle: written in the call, by no task
+        takes["now"] = False
+        outbox.put("3")  # the connection does not take it now: queued
+        takes["now"] = True
+        outbox.put("4")  # behind "3", so queued too
+        assert written == ["2"]
+        deadline = time.monotonic() + 5
+        while len(sent) < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert sent == ["snapshot", "before release", "1", "3", "4"]
+        outbox.put("5")
+        assert written == ["2", "5"]
+        outbox.close()
+        outbox.put("6")
+        assert written == ["2", "5"]
+
+    async_to_sync(body)()
+
+
 def test_the_channel_prefix_is_derived_from_the_database_name(monkeypatch):
     monkeypatch.delenv("AWAKEN_CHANNEL_PREFIX", raising=False)
     names = ["awaken", "awaken_staging", "/srv/a/" + "d" * 80 + "/awaken.sqlite3",

@@ -1,8 +1,11 @@
 """Sockets on a real daphne process (PostgreSQL, which it shares with the test): clients that
-stop reading cost a bounded buffer and are disconnected, and a logout or a deactivation in
-another process closes a user's open sockets within 5 s."""
+stop reading cost a bounded buffer and are disconnected, a client that reads late gets every
+push whole and in order, and a logout or a deactivation in another process closes a user's
+open sockets within 5 s."""
 
 import json
+import struct
+import threading
 import time
 
 import pytest
@@ -73,6 +76,65 @@ def test_clients_that_stop_reading_are_disconnected_and_cost_a_bounded_buffer(we
     with ws_connect(f"ws://127.0.0.1:{web.port}/ws/runs/",
                     additional_headers={"Authorization": f"Token {token}"}) as reader:
         assert json.loads(reader.recv(timeout=10))["type"] == "snapshot"
+
+
+def received(sock, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        data += chunk
+    return data
+
+
+def next_message(sock) -> dict:
+    """The next text message the server sent on a raw socket (pings are skipped)."""
+    while True:
+        head, length = received(sock, 2)
+        length &= 0x7F
+        if length == 126:
+            length = struct.unpack("!H", received(sock, 2))[0]
+        elif length == 127:
+            length = struct.unpack("!Q", received(sock, 8))[0]
+        payload = received(sock, length)
+        if head & 0x0F in (0x9, 0xA):
+            continue
+        assert head == 0x81, f"not one whole text frame: {head:#x}"
+        return json.loads(payload)
+
+
+def test_a_slow_client_gets_every_push_whole_and_in_order(web):
+    """A burst of large changes to a client that reads slowly (a small receive buffer, read
+    as it comes): parts are written at once, the rest waits in the connection's buffer and
+    the socket's outbox while the client drains it; each push arrives once, whole, in commit
+    order."""
+    viewer = make_user("slow-reader", "viewer")
+    client = StalledClient(web.port, api_key_for(viewer))
+    made, pushed, failed = [], [], []
+
+    def read():
+        try:
+            while len(pushed) < 20:
+                message = next_message(client.sock)
+                if message["type"] == "run.changed":
+                    pushed.append(message)
+        except Exception as error:  # the test's thread reports it
+            failed.append(error)
+
+    try:
+        assert next_message(client.sock)["type"] == "snapshot"  # the socket follows
+        reader = threading.Thread(target=read)
+        reader.start()
+        made = [str(queued_run(input={"blob": "x" * 30_000}).id) for _ in range(20)]
+        reader.join(60)
+    finally:
+        client.close()
+    assert not failed, failed
+    assert [message["run"]["id"] for message in pushed] == made
+    assert all(len(message["run"]["input"]["blob"]) == 30_000 for message in pushed)
+    seqs = [message["seq"] for message in pushed]
+    assert seqs == sorted(seqs)
 
 
 @pytest.mark.parametrize("how", ["logout", "deactivated"])

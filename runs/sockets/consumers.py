@@ -83,7 +83,8 @@ class RunsConsumer(AsyncWebsocketConsumer):
         flow = self.scope.get(FLOW)
         self.outbox = Outbox(self.send_text, self.fell_behind, held=True,
                              max_bytes=settings.AWAKEN_SOCKET_BUFFER_BYTES,
-                             writable=flow.writable if flow is not None else None)
+                             writable=flow.writable if flow is not None else None,
+                             write_now=flow.write_now if flow is not None else None)
         guard.add(self, self.granted(user))
         # Follow before the snapshot is read: a commit in between is sent after it (it may
         # be in the snapshot too; clients keep the newest version of each run).
