@@ -325,10 +325,11 @@ class Attempt(models.Model):
                 name="runs_attempt_live_lease",
             ),
             # Each worker renews its own live attempts: read by owner, not from every
-            # worker's, however many workers and ended runs there are.
+            # worker's, however many workers and ended runs there are. "owner is not null"
+            # keeps the sweeper's query (which names no owner) on the index above.
             models.Index(
                 fields=["owner"],
-                condition=Q(state=AttemptState.LIVE),
+                condition=Q(state=AttemptState.LIVE, owner__isnull=False),
                 name="runs_attempt_live_owner",
             ),
         ]

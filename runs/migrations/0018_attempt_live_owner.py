@@ -12,6 +12,6 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddIndex(
             model_name='attempt',
-            index=models.Index(condition=models.Q(('state', 'live')), fields=['owner'], name='runs_attempt_live_owner'),
+            index=models.Index(condition=models.Q(('owner__isnull', False), ('state', 'live')), fields=['owner'], name='runs_attempt_live_owner'),
         ),
     ]
