@@ -92,6 +92,19 @@ class Cancels:
                    "ms, all threads, request to response") for name, spent in self.cpu.items())]
 
 
+def create_in_batches(client, spec: dict, count: int, size: int) -> list[str]:
+    """Create ``count`` runs of ``spec`` over ``POST /api/runs/batch/``, ``size`` at a time;
+    their ids."""
+    made: list[str] = []
+    while len(made) < count:
+        status, body = client.call("POST", "/api/runs/batch/",
+                                   {"runs": [spec] * min(size, count - len(made))})
+        if status != 201:
+            raise CommandError(f"batch create failed: {status} {body}")
+        made += [run["id"] for run in body["results"]]
+    return made
+
+
 class Client:
     def __init__(self, port: int, token: str):
         self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -477,15 +490,7 @@ class Command(BaseCommand):
             return [self.create(client, spec["agent"], spec["input"]) for _ in range(count)]
 
         def batches(count):
-            client = Client(web.port, self.token)
-            made = []
-            while len(made) < count:
-                status, body = client.call("POST", "/api/runs/batch/",
-                                           {"runs": [spec] * min(50, count - len(made))})
-                if status != 201:
-                    raise CommandError(f"batch create failed: {status} {body}")
-                made += [run["id"] for run in body["results"]]
-            return made
+            return create_in_batches(Client(web.port, self.token), spec, count, 50)
 
         rows, rates = [], {"singles": [], "batches": [], "baseline": []}
         with self.system(workers=workers) as (web, started_workers), \
@@ -648,12 +653,7 @@ class Command(BaseCommand):
             client = Client(web.port, self.token)
             background: list[str] = []
             begun = time.monotonic()
-            while len(background) < live:
-                status, body = client.call("POST", "/api/runs/batch/",
-                                           {"runs": [spec] * min(500, live - len(background))})
-                if status != 201:
-                    raise CommandError(f"batch create failed: {status} {body}")
-                background += [run["id"] for run in body["results"]]
+            background += create_in_batches(client, spec, live - len(background), 500)
             wait_until(lambda: Attempt.objects.filter(
                 run_id__in=background, state=AttemptState.LIVE).count() == live, 900,
                 f"{live} live attempts", every=1)
