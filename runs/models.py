@@ -324,13 +324,14 @@ class Attempt(models.Model):
                 condition=Q(state=AttemptState.LIVE),
                 name="runs_attempt_live_lease",
             ),
-            # Each worker renews its own live attempts: read by owner, not from every
-            # worker's, however many workers and ended runs there are. "owner is not null"
-            # keeps the sweeper's query (which names no owner) on the index above.
+            # Each worker renews its own live attempts, a chunk of run ids at a time: each
+            # chunk is read by owner and run, not from every worker's attempts nor from all
+            # of its own, however many workers and ended runs there are. "owner is not
+            # null" keeps the sweeper's query (which names no owner) on the index above.
             models.Index(
-                fields=["owner"],
+                fields=["owner", "run"],
                 condition=Q(state=AttemptState.LIVE, owner__isnull=False),
-                name="runs_attempt_live_owner",
+                name="runs_attempt_live_owner_run",
             ),
         ]
 

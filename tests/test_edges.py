@@ -115,6 +115,49 @@ def test_a_renewed_lease_is_not_expired_by_a_sweep():
     assert Run.objects.get(pk=run.id).state == RunState.RUNNING
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_renews_chunk_by_chunk_and_judges_every_attempt(monkeypatch):
+    """Seven attempts in chunks of two: each is renewed, fenced or told of its request by
+    the chunk that holds it, whatever the order they were registered in."""
+    from runs.domain import attempts
+    from runs.runtime.executor import Executor
+
+    monkeypatch.setattr(attempts, "RENEWAL_CHUNK", 2)
+    executor = Executor(node="edges-renew", lease_seconds=3600, db_threads=1)
+    try:
+        runs = [queued_run() for _ in range(7)]
+        held = [domain.attempt_start(run_id=run.id, owner=executor.owner, lease_seconds=30)
+                for run in runs]
+        entries = [Entry(str(a.run_id), a.generation, CancellationToken()) for a in held]
+        for entry in reversed(entries):
+            executor.registry.register(entry)
+        lost, asked = entries[2], entries[5]
+        expire(Run.objects.get(pk=lost.run_id))
+        assert domain.sweep()["requeued"] == 1
+        domain.run_cancel(run_id=asked.run_id, actor="olga", source="api")
+
+        asyncio.run_coroutine_threadsafe(executor.renew(), executor.loop).result(10)
+    finally:
+        executor.close()
+    assert lost.token.why.kind == "fenced"
+    assert (asked.token.why.kind, asked.token.why.actor) == ("command", "olga")
+    others = [entry for entry in entries if entry not in (lost, asked)]
+    assert not any(entry.token.cancelled for entry in others)
+    leases = Attempt.objects.filter(run_id__in=[entry.run_id for entry in others + [asked]],
+                                    state="live").values_list("lease_expires_at", flat=True)
+    assert len(leases) == 6 and min(leases) > timezone.now() + timedelta(minutes=30)
+
+
+def test_renewal_chunks_are_ranges_of_run_ids(monkeypatch):
+    from runs.domain import attempts
+
+    monkeypatch.setattr(attempts, "RENEWAL_CHUNK", 3)
+    ids = [str(uuid.uuid4()) for _ in range(8)]
+    chunks = attempts.renewal_chunks([(run_id, 1) for run_id in ids], run_id=lambda p: p[0])
+    assert [len(chunk) for chunk in chunks] == [3, 3, 2]
+    assert [run_id for chunk in chunks for run_id, _ in chunk] == sorted(ids)
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_sweeper_and_renewal_racing_never_both_win(gang):

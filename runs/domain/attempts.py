@@ -200,6 +200,20 @@ def attempt_stop_by_policy(*, run_id, generation: int, code: str, reason: str) -
                       actor=intent.requested_by, source=intent.source)
 
 
+# A worker renews its attempts this many per statement. Each statement holds its attempts'
+# row locks until it commits, so a finish boundary on one of them waits for one chunk's
+# update at most, not for every attempt the worker holds.
+RENEWAL_CHUNK = 500
+
+
+def renewal_chunks(items: list, run_id) -> list[list]:
+    """``items`` in the chunks a worker renews them in: in order of ``run_id(item)``, up to
+    ``RENEWAL_CHUNK`` each, so that each chunk is one narrow range of run ids."""
+    ordered = sorted(items, key=lambda item: str(run_id(item)))
+    return [ordered[first:first + RENEWAL_CHUNK]
+            for first in range(0, len(ordered), RENEWAL_CHUNK)]
+
+
 @dataclass(frozen=True)
 class Renewal:
     renewed: set  # (run_id, generation) of the attempts that still hold their claim
@@ -209,7 +223,8 @@ class Renewal:
 def attempt_renew(*, owner: str, attempts: list[tuple], lease_seconds: float) -> Renewal:
     """Renew the leases of ``attempts`` (pairs of run id and generation) held by ``owner``.
 
-    One UPDATE and two reads for all of a worker's attempts. An attempt missing from
+    One UPDATE and two reads, for up to ``RENEWAL_CHUNK`` of a worker's attempts at a
+    time (its executor renews them chunk by chunk). An attempt missing from
     ``renewed`` was fenced (reclaimed, expired or closed): its owner must cancel its token at
     once and commit nothing. ``intents`` carries the pending cancel or stop requests, so a
     lost live signal costs at most one renewal interval.
@@ -218,7 +233,10 @@ def attempt_renew(*, owner: str, attempts: list[tuple], lease_seconds: float) ->
     run_ids = sorted({run_id for run_id, _ in wanted})
     if not run_ids:
         return Renewal(set(), {})
-    live = Attempt.objects.filter(owner=owner, state=AttemptState.LIVE, run_id__in=run_ids)
+    # The range bounds the scan of the (owner, run) index to this chunk's part of the
+    # owner's attempts; the planner applies the list of ids only as a filter.
+    live = Attempt.objects.filter(owner=owner, state=AttemptState.LIVE, run_id__gte=run_ids[0],
+                                  run_id__lte=run_ids[-1], run_id__in=run_ids)
     live.update(lease_expires_at=Now() + timedelta(seconds=lease_seconds))
     # Read after the update: an attempt closed before it was not renewed and is absent here;
     # one closed after it cannot be, its lease being fresh. Unordered: the default order

@@ -11,11 +11,13 @@ its pool of connections, on the loop.
 import asyncio
 import logging
 import os
+import random
 import socket
 import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from operator import attrgetter
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections
@@ -23,6 +25,7 @@ from django.utils import timezone
 
 from runs import changes, domain
 from runs.domain import activity, selectors
+from runs.domain.attempts import renewal_chunks
 from runs.domain.catalogue import CATALOGUE
 from runs.domain.core import Ending
 from runs.domain.errors import Fenced
@@ -353,7 +356,9 @@ class Executor:
 
     async def _renew_forever(self):
         while True:
-            await asyncio.sleep(self.lease_seconds / 3)
+            # A third of the lease, less up to a fifth of that at random: workers started
+            # together do not go on renewing (and loading the database) in step.
+            await asyncio.sleep(self.lease_seconds / 3 * random.uniform(0.8, 1.0))
             try:
                 await self.renew()
                 await self.db(domain.worker_report, owner=self.owner,
@@ -365,12 +370,15 @@ class Executor:
     async def renew(self) -> None:
         """Renew every registered attempt's lease; fence the lost, cancel on pending intents.
 
-        The registry is read before the database: an attempt registered after this point
-        may have claimed its run after the read and must not be judged by it.
+        A chunk of run ids at a time (``renewal_chunks``): each chunk's update holds the
+        row locks of its attempts only until it commits. The registry is read before the
+        database: an attempt registered after this point may have claimed its run after
+        the read and must not be judged by it.
         """
-        entries = self.registry.snapshot()
-        if not entries:
-            return
+        for chunk in renewal_chunks(self.registry.snapshot(), run_id=attrgetter("run_id")):
+            await self._renew(chunk)
+
+    async def _renew(self, entries) -> None:
         renewal = await self.db(domain.attempt_renew, owner=self.owner,
                                 attempts=[(e.run_id, e.generation) for e in entries],
                                 lease_seconds=self.lease_seconds)

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from io import StringIO
+from operator import itemgetter
 from pathlib import Path
 
 import redis
@@ -46,6 +47,7 @@ from harness.processes import (
 )
 from runs import domain
 from runs.domain import selectors, sql
+from runs.domain.attempts import renewal_chunks
 from runs.domain.core import Ending
 from runs.domain.overview import time_to_stop
 from runs.models import (
@@ -68,6 +70,29 @@ def percentiles(samples: list[float]) -> tuple[float, float, float]:
         return value, value, value
     cuts = statistics.quantiles(samples, n=100, method="inclusive")
     return cuts[49], cuts[94], cuts[98]
+
+
+def database_floors(samples: int) -> tuple[list, list]:
+    """What the database costs before any of our code, on this process's connection: a
+    round trip, and a durable commit of one row (the write-ahead log flushed to disk; a
+    cancel's path commits twice)."""
+    trips, commits = [], []
+    with connection.cursor() as cursor:
+        for _ in range(samples):
+            sent = time.monotonic()
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+            trips.append((time.monotonic() - sent) * 1000)
+        cursor.execute("CREATE TABLE IF NOT EXISTS awaken_bench_commit (at bigint)")
+        try:
+            for _ in range(samples):
+                sent = time.monotonic()
+                with transaction.atomic():
+                    cursor.execute("INSERT INTO awaken_bench_commit VALUES (%s)", [time.time_ns()])
+                commits.append((time.monotonic() - sent) * 1000)
+        finally:
+            cursor.execute("DROP TABLE awaken_bench_commit")
+    return trips, commits
 
 
 @dataclass
@@ -320,9 +345,13 @@ class Command(BaseCommand):
             if not app.control.ping(destination=[worker.node], timeout=1.0, limit=1):
                 raise CommandError(f"{worker.node} did not answer a ping")
             pings.append((time.monotonic() - sent) * 1000)
+        trips, commits = database_floors(samples)
         return [("floor", "GET one run -> 200 (HTTP, Django, DRF, key check)", reads, ""),
                 ("floor", "broker round trip to the worker (control ping)", pings,
-                 "one way is about half")]
+                 "one way is about half"),
+                ("floor", "database round trip (SELECT 1)", trips, "psycopg, no ORM"),
+                ("floor", "database durable commit (one-row INSERT, COMMIT)", commits,
+                 "a cancel commits twice")]
 
     def measure_level(self, client, level: int, cancels: int, batch: int, cpu_of: dict) -> list:
         background = [self.create(client, "demo.steps", {"steps": 1, "step_seconds": 86400})
@@ -1014,17 +1043,22 @@ def counted_row(key: str, name: str, results: list) -> tuple:
             f"rows read {reads[len(reads) // 2]}, written {writes[len(writes) // 2]} (median)")
 
 
+def renew_as_its_worker(owner: str, pairs: list, lease_seconds: float) -> None:
+    """Renew ``pairs`` (run id, generation) as their worker's executor does, in chunks."""
+    for chunk in renewal_chunks(pairs, run_id=itemgetter(0)):
+        domain.attempt_renew(owner=owner, attempts=chunk, lease_seconds=lease_seconds)
+
+
 def lease_passes(key: str, owners: list[str], history: str, passes: int = 10) -> list:
     """In this process: the lease renewals of one interval, the attempts of each of
-    ``owners`` renewed as its worker renews them (one call per owner), and one sweeper
-    pass, ``passes`` times each."""
+    ``owners`` renewed as its worker renews them, and one sweeper pass, ``passes`` times
+    each."""
     held = {owner: list(Attempt.objects.filter(owner=owner, state=AttemptState.LIVE)
                         .values_list("run_id", "generation")) for owner in owners}
 
     def interval():
-        made = [counted(lambda owner=owner, pairs=pairs: domain.attempt_renew(
-            owner=owner, attempts=pairs, lease_seconds=settings.AWAKEN_LEASE_SECONDS))
-            for owner, pairs in held.items()]
+        made = [counted(lambda owner=owner, pairs=pairs: renew_as_its_worker(
+            owner, pairs, settings.AWAKEN_LEASE_SECONDS)) for owner, pairs in held.items()]
         return tuple(sum(figures) for figures in zip(*made, strict=True))
 
     sizes = "+".join(str(len(pairs)) for pairs in held.values())
@@ -1054,8 +1088,8 @@ def leases_bench(live: int, passes: int = 30) -> list:
     rows = []
     try:
         for name, call in (
-                ("lease renewal of every attempt", lambda: domain.attempt_renew(
-                    owner=owner, attempts=pairs, lease_seconds=3600)),
+                ("lease renewal of every attempt", lambda: renew_as_its_worker(
+                    owner, pairs, 3600)),
                 ("one sweeper pass", domain.sweep)):
             rows.append(counted_row(f"{live} at", f"{name}, with {ended / 1e6:.1f}M runs ended",
                                     [counted(call) for _ in range(passes)]))
