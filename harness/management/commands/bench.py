@@ -486,18 +486,22 @@ class Command(BaseCommand):
         with self.system(workers=0) as (web, _):
             for count in levels:
                 swarm = Swarm(web.port, self.token, count)
+                made = []
                 try:
                     first, last = [], []
                     for _ in range(commits):
                         swarm.arm()
                         committed = time.monotonic()
-                        domain.run_create(agent="demo.steps", dispatch=False, source="cli")
+                        made.append(domain.run_create(agent="demo.steps", dispatch=False,
+                                                      source="cli")[0].pk)
                         arrivals = swarm.collect(timeout=10)
                         first.append((min(arrivals) - committed) * 1000)
                         last.append((max(arrivals) - committed) * 1000)
                         time.sleep(max(0.01, count / 5000))  # let the fan-out drain fully
                 finally:
                     swarm.close()
+                    for run_id in made:  # never dispatched: no queued run is left behind
+                        domain.run_cancel(run_id=run_id, actor="bench", source="cli")
                 rows.append((f"{count} ws", "commit -> first socket client receives", first, ""))
                 rows.append((f"{count} ws", f"commit -> last of {count} clients receives", last,
                              ""))
