@@ -27,12 +27,35 @@ run: $(STAMP) var/secret_key
 	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py collectstatic --no-input -v 0
 	SECRET_KEY=$$(cat var/secret_key) PYTHONMALLOC=malloc $(BIN)/python manage.py serve --port $(PORT)
 
-## Lint, check the import layers, then run the whole test suite (SQLite by default; DATABASE_URL=postgres://... for
-## PostgreSQL, REDIS_URL=redis://... for the tests of real workers and the Redis layer).
-test: $(STAMP)
-	$(BIN)/ruff check runs awaken_site harness tests examples
-	$(BIN)/lint-imports
-	$(BIN)/pytest
+## Lint once, then run the test suite on SQLite (the in-memory layer and broker). With
+## DATABASE_URL=postgres://... set (and REDIS_URL=redis://... for the tests of real workers and
+## the Redis layer), a second pass runs on that PostgreSQL database: every test but those
+## marked ignores_database_url (sites, browsers and processes of their own, which use neither
+## variable and proved what they prove in the first pass). PASS=sqlite or PASS=postgres runs
+## one pass only; PYTEST_ARGS go to each pass (a file, -x, --durations=30...).
+PASS ?= $(if $(DATABASE_URL),sqlite postgres,sqlite)
+PYTEST_ARGS ?=
+SQLITE_PASS = env -u DATABASE_URL -u REDIS_URL -u CELERY_BROKER_URL $(BIN)/pytest $(PYTEST_ARGS)
+POSTGRES_PASS = $(BIN)/pytest -m "not ignores_database_url" $(PYTEST_ARGS)
+## Both passes at once (they wait on processes more than they compute, and this is a
+## 2-core machine): the PostgreSQL pass writes to var/test-postgres.log, shown when it ends.
+test: lint
+ifeq ($(strip $(PASS)),sqlite)
+	$(SQLITE_PASS)
+else ifeq ($(strip $(PASS)),postgres)
+	$(if $(DATABASE_URL),,$(error PASS=postgres needs DATABASE_URL=postgres://...))
+	$(POSTGRES_PASS)
+else
+	$(if $(DATABASE_URL),,$(error both passes need DATABASE_URL=postgres://...))
+	@mkdir -p var
+	@$(POSTGRES_PASS) > var/test-postgres.log 2>&1 & postgres=$$!; \
+	echo "== SQLite pass (PostgreSQL pass alongside, into var/test-postgres.log)"; \
+	$(SQLITE_PASS); sqlite=$$?; \
+	wait $$postgres; pg=$$?; \
+	echo "== PostgreSQL pass (var/test-postgres.log)"; cat var/test-postgres.log; \
+	echo "== SQLite pass exit $$sqlite, PostgreSQL pass exit $$pg"; \
+	test $$sqlite = 0 && test $$pg = 0
+endif
 
 clean:
 	rm -rf $(VENV) var/static

@@ -19,11 +19,26 @@ from runs.providers.stub import StubServer
 ON_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
 
 
+# Fixtures of a site or browser of the test's own: ``manage.py serve`` on SQLite with the
+# in-memory broker and layer, whatever DATABASE_URL and REDIS_URL say.
+OWN_SITE_FIXTURES = {"embedded_site", "agent_site", "browser"}
+
+
 def pytest_collection_modifyitems(config, items):
+    """Skip the PostgreSQL tests on SQLite, and mark ``ignores_database_url`` every test
+    that runs on a site or browser of its own, so that the PostgreSQL pass of ``make test``
+    leaves out what the SQLite pass has already proved. A test so marked must not use the
+    test database: on PostgreSQL it would be a test of the backend, left out by mistake."""
     skip = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL=postgres://...)")
     for item in items:
         if "postgres" in item.keywords and not ON_POSTGRES:
             item.add_marker(skip)
+        if OWN_SITE_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.ignores_database_url)
+        if item.get_closest_marker("ignores_database_url") and (
+                "django_db_setup" in item.fixturenames or item.get_closest_marker("django_db")):
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked ignores_database_url but uses the test database")
 
 
 def make_user(username: str, role: str | None = None, **extra) -> User:

@@ -1,6 +1,5 @@
 """What a storm of control requests leaves behind, checked against SPEC §7 once every run
-has ended: the checks shared by the race storm (test_storm.py) and the chaos storm
-(test_chaos.py)."""
+has ended: the checks of the chaos storm (test_chaos.py), kept apart from its machinery."""
 
 from collections import Counter
 

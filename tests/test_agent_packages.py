@@ -14,6 +14,9 @@ from harness.processes import ROOT
 from runs import apps
 from runs.domain import catalogue
 
+# Agents load at start-up, before and without any database.
+pytestmark = pytest.mark.ignores_database_url
+
 PROBE = ("import json; from importlib.metadata import entry_points; "
          "from runs.domain.catalogue import CATALOGUE; print(json.dumps({"
          "'summarize': CATALOGUE['example.summarize'].__module__, "

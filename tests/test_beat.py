@@ -3,7 +3,12 @@
 import os
 import sys
 
+import pytest
+
 from harness.processes import Process, wait_until
+
+# Beat runs on settings of its own, with no database and the in-memory broker.
+pytestmark = pytest.mark.ignores_database_url
 
 
 def test_beat_starts_without_a_var_directory_and_sends_the_sweep(tmp_path):

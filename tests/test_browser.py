@@ -3,13 +3,9 @@ embedded site started as a separate process."""
 
 import os
 import re
-import struct
-import subprocess
-import sys
 
 import pytest
 
-from harness.processes import ROOT
 from runs.providers.stub import DEFAULT_CANNED
 from tests.accessibility import serious_violations
 from tests.conftest import CHROMIUM
@@ -167,20 +163,6 @@ def test_a_runs_page_shows_each_steps_committed_answer(operator_page, embedded_s
     assert operator_page.text_content('.timeline li[data-kind="step"] .message') == (
         "Hello! I am the provider stub of awaken-site, answering offline.")
     assert operator_page.is_hidden("#live-output")
-
-
-def test_the_screenshot_command_draws_the_operator_page(tmp_path):
-    # `make screenshot` redraws the README's picture; here it draws into a temporary file.
-    output = tmp_path / "operator-page.png"
-    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run(
-        [sys.executable, "manage.py", "screenshot", "--output", str(output)], cwd=ROOT,
-        env={**env, "SECRET_KEY": "screenshot-test"}, capture_output=True, text=True,
-        timeout=180)
-    assert result.returncode == 0, result.stderr
-    png = output.read_bytes()
-    assert png.startswith(b"\x89PNG") and struct.unpack(">II", png[16:24]) == (1280, 800)
-    assert len(png) > 10_000
 
 
 def test_a_viewer_sees_no_controls(browser, embedded_site):

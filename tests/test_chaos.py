@@ -1,5 +1,6 @@
-"""A chaos storm: the race storm of test_storm.py, over HTTP, while a fault schedule hits
-the system; then SPEC §7 and more is checked on what committed.
+"""A chaos storm: random concurrent cancel, stop, pause, resume and live commands over HTTP,
+while real worker processes execute the runs and a fault schedule hits the system; then
+SPEC §7 and more is checked on what committed.
 
 The system runs as in production, as processes on the test database: two web processes
 (daphne; the callers spread their requests over both), four or more Celery workers, the
@@ -20,7 +21,7 @@ fault schedule takes turns at:
 A process that exits on its own is started again, as a deployment's process manager would
 (and counted: see test_faults.py for the worker that a Redis restart can stop).
 
-Afterwards, besides the checks of test_storm.py (tests/storm.py):
+Afterwards, besides SPEC §7 on every run (tests/storm.py):
 
 * no zombie: each worker still running reports (``WorkerProcess``, with each lease
   renewal) as many live attempts as it owns in the database, and a killed one owns none;
