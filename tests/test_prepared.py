@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.utils import timezone
+from runs.domain.prepared import Prepared
 
 from runs import domain
 from runs.domain import core, keys, selectors, throttle
-from runs.domain.prepared import Prepared
 from runs.models import AuthFailure, AuthScope, ControlIntent, Run, RunState
 from tests.conftest import make_user
 from tests.factories import awaiting_run, queued_run, running_run
