@@ -183,10 +183,10 @@ def record_intent(run: Run, *, action: str, reason: str | None, stop_code: str |
     intent = sql.new(ControlIntent, run=run, action=action, reason=reason,
                      stop_code=stop_code, requested_by=actor, source=source,
                      caused_by_id=caused_by_id)
+    sql.write(sql.Insert((intent,)))  # first: the run's update names its key
     run.control = intent
-    record_each([run], _requested_kind(action), fields=("control",), actor=actor,
-                source=source, data=_request_data(reason, stop_code, caused_by_id),
-                also=(sql.Insert((intent,)),))
+    record(run, _requested_kind(action), fields=("control",), actor=actor, source=source,
+           data=_request_data(reason, stop_code, caused_by_id))
     return intent
 
 
