@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from runs.domain import roles, throttle
 from runs.domain.errors import TooManyFailures
-from runs.domain.sql import quoted
+from runs.domain.sql import quoted, rows
 from runs.models import ApiKey, AuthFailure, AuthScope
 
 PREFIX_LENGTH = 8
@@ -47,7 +47,7 @@ def _key_lookup_sql() -> str:
     the prefix's lock (``throttle.last_lock``; NULL when neither is locked) and whether the
     user has each role (``roles.role_annotations``), in one statement.
 
-    Written by hand (``QuerySet.raw``): every request with a key makes it, and through the
+    Written by hand (``sql.rows``): every request with a key makes it, and through the
     query compiler its three subqueries cost several times the statement's own time
     (``manage.py bench sql``). tests/test_keys.py holds it to the querysets' result."""
     user = get_user_model()
@@ -93,11 +93,12 @@ def key_lookup(*, digest: str, address: str, prefix: str, since, failures: int):
               failure.get_field("failures").get_db_prep_value(failures, connection),
               failure.get_field("last_failed_at").get_db_prep_value(since, connection),
               *roles.ROLES, digest]
-    found = list(get_user_model().objects.raw(_key_lookup_sql(), params))
+    found = rows(get_user_model(), _key_lookup_sql(), params,
+                 extra=("awaken_locked", *(f"_awaken_has_{role}" for role in roles.ROLES)))
     if not found:
         return None
     user = found[0]
-    # QuerySet.raw converts the model's columns only: SQLite gives the others as stored.
+    # Only the model's columns are converted: SQLite gives the others as stored.
     locked = user.awaken_locked
     if locked is not None and not isinstance(locked, datetime.datetime):
         locked = failure.get_field("last_failed_at").to_python(locked)
