@@ -570,6 +570,13 @@ class Event(models.Model):
         return f"#{self.seq} {self.kind} {self.run_id}"
 
 
+# Upper bounds (seconds) of the time-to-stop histogram, as /metrics exposes it: the one
+# definition, read by runs.domain.overview and runs.domain.totals and by the triggers that
+# keep the totals (migration 0017_metric_totals builds their SQL from it). A change to it
+# needs a new migration that installs the triggers again and counts the "stop" rows anew.
+STOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
 class MetricDelta(models.Model):
     """One change to a whole-system total of /metrics, written by the database's own
     triggers in the transaction that changed the rows counted (migration

@@ -402,6 +402,6 @@ def test_the_hot_statements_lock_a_row_as_the_orm_reads_it(rows_of_every_shape, 
 def test_the_hot_statements_lock_many_rows_as_the_orm_reads_them(rows_of_every_shape):
     parent, child = rows_of_every_shape["parent"], rows_of_every_shape["child"]
     with transaction.atomic():
-        locked = sql.lock_many(Run, sorted([child, parent, uuid.uuid4()]))
+        locked, _ = sql.lock_many_at(Run, sorted([child, parent, uuid.uuid4()]))
     assert [r.id for r in locked] == sorted([child, parent])
     assert [fields(r) for r in locked] == [fields(Run.objects.get(pk=r.id)) for r in locked]

@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from runs.domain import sql
@@ -29,19 +30,44 @@ def test_insert_writes_the_rows_the_orm_writes():
                                      "n": None}, thread_id="t", max_seconds=2.5,
                                      max_tokens=2**40, start_after=now, dispatched_at=now,
                                      version=1)
-    sql.insert(made_here)
-    assert made_here._state.adding is False
+    made_here = sql.new(Run, **{f.attname: getattr(made_here, f.attname)
+                                for f in Run._meta.concrete_fields if f.attname != "created_at"})
+    with transaction.atomic():
+        sql.write(sql.Insert((made_here,)))
     mine, theirs = columns(made_here), columns(made_by_orm)
     for differs in ("id", "created_at", "updated_at"):  # new per row, or stamped at save
         mine.pop(differs), theirs.pop(differs)
     assert mine == theirs
 
 
+def test_a_new_row_is_saved_as_the_orm_saves_it_and_keeps_its_related_rows():
+    run = queued_run()
+    event = sql.new(Event, run=run, version=run.version + 1, kind=EventKind.STEP,
+                    state=run.state, generation=0, data={"n": 1})
+    with transaction.atomic():
+        sql.write(sql.Insert((event,)))
+    with CaptureQueriesContext(connection) as queries:
+        assert event.run is run
+    assert not queries.captured_queries
+    # Saved as the ORM leaves a row: a save of some fields updates it, it inserts nothing.
+    event.data = {"n": 2}
+    event.save(update_fields=["data"])
+    assert Event.objects.filter(run=run, kind=EventKind.STEP).count() == 1
+    assert columns(event)["data"] == {"n": 2}
+    made = sql.new(Run, agent="demo.steps", input={}, dispatched_at=timezone.now(), version=1)
+    with transaction.atomic():
+        sql.write(sql.Insert((made,)))
+    made.thread_id = "again"
+    made.save(update_fields=["thread_id"])
+    assert Run.objects.get(pk=made.pk).thread_id == "again"
+
+
 def test_insert_of_many_reads_back_each_automatic_key_in_order():
     run = queued_run()
-    events = [Event(run=run, version=run.version + n, kind=EventKind.STEP, state=run.state,
-                    generation=0, data={"n": n}) for n in range(1, 4)]
-    sql.insert(*events)
+    events = [sql.new(Event, run=run, version=run.version + n, kind=EventKind.STEP,
+                      state=run.state, generation=0, data={"n": n}) for n in range(1, 4)]
+    with transaction.atomic():
+        sql.write(sql.Insert(tuple(events)))
     assert [e.seq for e in events] == sorted(e.seq for e in events)
     for event in events:
         assert columns(event)["data"] == event.data
@@ -49,11 +75,12 @@ def test_insert_of_many_reads_back_each_automatic_key_in_order():
 
 
 def test_update_writes_the_named_columns_and_stamps_auto_now():
-    run = queued_run()
+    run = sql.get(Run, queued_run().pk)
     before = columns(run)
     run.steps, run.agent_state, run.version = 4, {"cursor": [1, "ü"]}, run.version + 1
     run.stop_reason = "not written: not named"
-    sql.update(run, ("steps", "agent_state", "version", "updated_at"))
+    with transaction.atomic():
+        sql.write(sql.Update(run, ("steps", "agent_state", "version", "updated_at")))
     after = columns(run)
     assert (after["steps"], after["agent_state"], after["version"]) == (
         4, {"cursor": [1, "ü"]}, before["version"] + 1)
@@ -65,15 +92,15 @@ def test_update_where_changes_only_the_matching_rows_and_counts_them():
     run, generation = running_run()
     other, _ = running_run()
     now = timezone.now()
-    changed = sql.update_where(Attempt, {"state": AttemptState.CLOSED,
-                                         "close_reason": CloseReason.PAUSED, "closed_at": now},
-                               run=run.pk, state=AttemptState.LIVE)
-    assert changed == 1
+    with transaction.atomic():
+        sql.write(sql.UpdateWhere(Attempt, {"state": AttemptState.CLOSED,
+                                            "close_reason": CloseReason.PAUSED,
+                                            "closed_at": now},
+                                  {"run": run.pk, "state": AttemptState.LIVE}))
     closed = Attempt.objects.get(run=run, generation=generation)
     assert (closed.state, closed.close_reason, closed.closed_at) == ("closed", "paused", now)
     assert Attempt.objects.get(run=other).state == "live"
-    assert sql.update_where(Attempt, {"closed_at": now}, run=run.pk,
-                            state=AttemptState.LIVE) == 0
+    assert Attempt.objects.filter(run=run, state=AttemptState.LIVE).count() == 0
 
 
 def test_lock_reads_the_row_the_orm_reads_or_none():
@@ -88,15 +115,16 @@ def test_lock_reads_the_row_the_orm_reads_or_none():
 
 
 def test_every_identifier_is_quoted():
-    quote = connection.ops.quote_name
-    insert, _, _ = sql._insert_sql(Event, connection.vendor)
-    update, _ = sql._update_sql(Run, ("state", "version"), ("id",), connection.vendor)
-    assert insert.startswith(f"INSERT INTO {quote('runs_event')} (")
-    assert f"RETURNING {quote('seq')}" in insert
-    assert update == (f"UPDATE {quote('runs_run')} SET {quote('state')} = %s, "
-                      f"{quote('version')} = %s WHERE {quote('id')} = %s")
-    reader = sql._reader(Run)
-    assert f"FROM {quote('runs_run')} WHERE {quote('id')} = %s" in reader.sql
+    quote = sql.quoted
+    assert quote('a"b') == '"a""b"'
+    statement = sql._write_sql((("insert", Event, 1),
+                                ("update", Run, ("state", "version"))))
+    assert f"INSERT INTO {quote('runs_event')} (" in statement
+    assert f"RETURNING {quote('seq')}" in statement
+    assert (f"UPDATE {quote('runs_run')} SET {quote('state')} = %s, "
+            f"{quote('version')} = %s WHERE {quote('id')} = %s") in statement
+    select = sql._select_sql(Run, connection.vendor, "one", True)
+    assert f"FROM {quote('runs_run')} WHERE {quote('id')} = %s" in select
 
 
 def test_write_makes_every_part_and_reads_back_keys_as_the_single_statements_would():
@@ -106,8 +134,8 @@ def test_write_makes_every_part_and_reads_back_keys_as_the_single_statements_wou
     Run.objects.filter(pk=ended.pk).update(state=RunState.ENDED, end_cause="cancelled",
                                            ended_at=now)
     run.steps, run.version = run.steps + 1, run.version + 1
-    events = (Event(run=run, version=run.version, kind=EventKind.STEP, state=run.state,
-                    generation=generation, data={"step": run.steps}),)
+    events = (sql.new(Event, run=run, version=run.version, kind=EventKind.STEP,
+                      state=run.state, generation=generation, data={"step": run.steps}),)
     with transaction.atomic():
         keys = sql.write(
             sql.UpdateWhere(Attempt, {"state": AttemptState.CLOSED,
@@ -119,16 +147,17 @@ def test_write_makes_every_part_and_reads_back_keys_as_the_single_statements_wou
     assert keys == [child.pk]
     assert columns(run)["steps"] == run.steps and columns(run)["version"] == run.version
     assert Attempt.objects.get(run=run, generation=generation).state == AttemptState.CLOSED
-    assert events[0].seq is not None and events[0]._state.adding is False
+    assert events[0].seq is not None
     assert columns(events[0])["data"] == {"step": run.steps}
 
 
 def test_write_of_inserts_that_refer_to_each_other_in_one_statement():
     now = timezone.now()
-    runs = tuple(Run(agent="demo.steps", input={"n": n}, dispatched_at=now, version=1)
-                 for n in range(3))
-    events = tuple(Event(run=run, version=1, kind=EventKind.CREATED, state=run.state,
-                         generation=0, data={"n": n}) for n, run in enumerate(runs))
+    runs = tuple(sql.new(Run, agent="demo.steps", input={"n": n}, dispatched_at=now,
+                         version=1) for n in range(3))
+    events = tuple(sql.new(Event, run=run, version=1, kind=EventKind.CREATED,
+                           state=run.state, generation=0, data={"n": n})
+                   for n, run in enumerate(runs))
     with transaction.atomic():
         assert sql.write(sql.Insert(runs), sql.Insert(events)) == []
     assert [e.seq for e in events] == sorted(e.seq for e in events)
@@ -150,7 +179,7 @@ def test_lock_many_at_reads_the_database_clock_with_the_rows():
 
 
 def test_the_statement_of_write_quotes_every_identifier():
-    quote = connection.ops.quote_name
+    quote = sql.quoted
     statement = sql._write_sql((("update", Run, ("state",)),
                                 ("keys", Run, ("parent",), ("state",))))
     assert f"UPDATE {quote('runs_run')} SET {quote('state')} = %s" in statement

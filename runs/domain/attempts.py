@@ -76,7 +76,7 @@ def attempts_start(*, run_ids, owner: str, lease_seconds: float) -> list[Attempt
             run.generation += 1
             run.started_at = run.started_at or now
             run.owner, run.claimed_at = owner, now
-            attempts.append(Attempt(run=run, generation=run.generation, owner=owner,
+            attempts.append(sql.new(Attempt, run=run, generation=run.generation, owner=owner,
                                     lease_expires_at=expires))
         record_each(runs, EventKind.STARTED,
                     fields=("state", "generation", "started_at", "owner", "claimed_at"),

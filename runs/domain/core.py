@@ -15,7 +15,6 @@ from django.utils import timezone
 
 from runs.domain import ports, sql
 from runs.domain.errors import RunNotFound
-from runs.domain.prepared import Prepared
 from runs.models import (
     AppliedVia,
     Attempt,
@@ -47,10 +46,11 @@ def database_now():
 def locked_run(run_id) -> Run:
     """The run, row-locked until the surrounding transaction ends.
 
-    Call inside ``transaction.atomic()``. The open ticket and the newest control intent are
-    read lazily, after the lock is held, and deliberately not joined here: when a locking
-    read waits for another transaction, PostgreSQL re-reads the locked row once that one
-    commits but not the rows joined to it, so a joined intent could be stale.
+    Call inside ``transaction.atomic()``. The newest control intent is read once the lock
+    is held, in a statement of its own, and the open ticket when it is first used; neither
+    is joined to the locking read: when a locking read waits for another transaction,
+    PostgreSQL re-reads the locked row once that one commits but not the rows joined to
+    it, so a joined intent could be stale.
     """
     try:
         run = sql.lock(Run, Run._meta.pk.to_python(run_id))
@@ -58,6 +58,8 @@ def locked_run(run_id) -> Run:
         run = None
     if run is None:
         raise RunNotFound(f"No run with id {run_id}.")
+    if run.control_id is not None:  # pending, unless the run has ended
+        run.control = sql.get(ControlIntent, run.control_id)
     return run
 
 
@@ -112,9 +114,10 @@ def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, s
     events = []
     for run in runs:
         run.version += 1
-        events.append(Event(run=run, version=run.version, kind=kind, state=run.state,
-                            end_cause=run.end_cause, generation=run.generation, actor=actor,
-                            source=source, data=data(run)))
+        events.append(sql.new(Event, run=run, version=run.version, kind=kind,
+                              state=run.state, end_cause=run.end_cause,
+                              generation=run.generation, actor=actor, source=source,
+                              data=data(run)))
     parts = [*also, *(sql.Update(run, (*fields, "version", "updated_at")) for run in runs),
              sql.Insert(tuple(events))]
     if children_of is not None:
@@ -125,14 +128,16 @@ def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, s
 
 
 def record_created(runs: list[Run], *, actor: str | None, source: str) -> None:
-    """Insert new ``runs`` as version 1, each with its ``created`` event: one statement for
-    the runs and their events (``sql.write``), however many there are."""
+    """Insert new ``runs`` (made by ``sql.new``) as version 1, each with its ``created``
+    event: one statement for the runs and their events (``sql.write``), however many there
+    are."""
     events = []
     for run in runs:
         run.version = 1
-        events.append(Event(run=run, version=1, kind=EventKind.CREATED, state=run.state,
-                            end_cause=run.end_cause, generation=run.generation, actor=actor,
-                            source=source, data=_created_data(run)))
+        events.append(sql.new(Event, run=run, version=1, kind=EventKind.CREATED,
+                              state=run.state, end_cause=run.end_cause,
+                              generation=run.generation, actor=actor, source=source,
+                              data=_created_data(run)))
     sql.write(sql.Insert(tuple(runs)), sql.Insert(tuple(events)))
     after_commit(ports.changes.announce, changes=list(zip(runs, events, strict=True)))
 
@@ -164,24 +169,21 @@ def dispatch_after_commit(*runs: Run) -> None:
     after_commit(ports.workers.runs_queued, runs=[(run.id, run.start_after) for run in runs])
 
 
-INTENT = Prepared(lambda pk: ControlIntent.objects.filter(pk=pk), pk=ControlIntent._meta.pk)
-
-
 def pending_intent(run: Run) -> ControlIntent | None:
-    """The run's cancel or stop request that has not been applied yet, if any."""
+    """The run's cancel or stop request that has not been applied yet, if any (read with
+    the run by ``locked_run``)."""
     if run.control_id is None:
         return None
-    if not Run.control.is_cached(run):
-        run.control = INTENT.first(pk=run.control_id)
     return run.control if run.control.applied_at is None else None
 
 
 def record_intent(run: Run, *, action: str, reason: str | None, stop_code: str | None,
                   actor: str, source: str, caused_by_id=None) -> ControlIntent:
     """Write a control intent and its ``*_requested`` event (the run must be locked)."""
-    intent = ControlIntent(run=run, action=action, reason=reason, stop_code=stop_code,
-                           requested_by=actor, source=source, caused_by_id=caused_by_id)
-    sql.insert(intent)
+    intent = sql.new(ControlIntent, run=run, action=action, reason=reason,
+                     stop_code=stop_code, requested_by=actor, source=source,
+                     caused_by_id=caused_by_id)
+    sql.write(sql.Insert((intent,)))  # first: the run's update names its key
     run.control = intent
     record(run, _requested_kind(action), fields=("control",), actor=actor, source=source,
            data=_request_data(reason, stop_code, caused_by_id))

@@ -14,10 +14,9 @@ from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from runs.models import LIVE_STATES, AppliedVia, ControlIntent, EndCause, Run
+from runs.domain.sql import quoted
+from runs.models import LIVE_STATES, STOP_BUCKETS, AppliedVia, ControlIntent, EndCause, Run
 
-# Upper bounds (seconds) of the time-to-stop histogram, as /metrics exposes it.
-STOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 PERCENTILES = (0.5, 0.95, 0.99)
 MAX_POINTS = 180  # a window longer than 180 minutes is drawn in coarser buckets
 MIN_WINDOW, MAX_WINDOW = 60, 86400
@@ -97,7 +96,7 @@ def running_time_percentiles(since: datetime) -> dict:
     there are none), interpolated between neighbours as PostgreSQL's percentile_cont."""
     names = [f"p{round(p * 100)}" for p in PERCENTILES]
     if connection.vendor == "postgresql":
-        quote = connection.ops.quote_name
+        quote = quoted
         table = quote(Run._meta.db_table)
         seconds = quote(Run._meta.get_field("seconds_used").column)
         ended_at = quote(Run._meta.get_field("ended_at").column)

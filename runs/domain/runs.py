@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from runs.domain import activity, limits, ports
+from runs.domain import activity, limits, ports, sql
 from runs.domain.catalogue import CATALOGUE
 from runs.domain.core import (
     Ending,
@@ -170,7 +170,8 @@ def _new_run(*, agent: str, input: dict | None = None, thread_id: str | None = N
         parent = parents.get(str(parent_id))
         if parent is None:
             raise InvalidRequest(f"No parent run with id {parent_id}.", field="parent_id")
-    run = Run(
+    run = sql.new(
+        Run,
         dispatched_at=timezone.now(),
         agent=agent,
         input=input,

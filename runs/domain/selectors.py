@@ -11,10 +11,19 @@ from django.conf import settings
 from django.db.models import F, Field, Func, IntegerField, Q, Value
 from django.db.models.lookups import GreaterThan, LessThan
 
+from runs.domain import sql
 from runs.domain.errors import InvalidRequest, RunNotFound
-from runs.domain.prepared import Prepared
 from runs.domain.representation import PAYLOAD, change_text, snapshot_text
-from runs.models import EndCause, Event, EventKind, ResumeTicket, Run, RunState, TicketState
+from runs.models import (
+    ControlIntent,
+    EndCause,
+    Event,
+    EventKind,
+    ResumeTicket,
+    Run,
+    RunState,
+    TicketState,
+)
 
 
 def runs():
@@ -36,18 +45,16 @@ def parse_run_id(value) -> uuid.UUID:
     return parse_uuid(value, "run")
 
 
-# The reads every control request and every live command make: built once (``prepared``).
-RUN = Prepared(lambda run_id: runs().filter(pk=run_id), run_id=Run._meta.pk)
-CLAIM = Prepared(lambda run_id, generation, owner: Run.objects.filter(
-    pk=run_id, state=RunState.RUNNING, generation=generation, owner=owner).values_list("pk")[:1],
-    run_id=Run._meta.pk, generation=Run._meta.get_field("generation"),
-    owner=Run._meta.get_field("owner"))
-
-
 def run_get(run_id) -> Run:
-    run = RUN.first(run_id=parse_run_id(run_id))
+    """The run with its open ticket and its newest control intent, as ``runs()`` reads it.
+
+    Every control request and every live command reads a run: its row and the two rows it
+    names are read by primary key (``sql.get``), not through a compiled queryset."""
+    run = sql.get(Run, parse_run_id(run_id))
     if run is None:
         raise RunNotFound(f"No run with id {run_id}.")
+    run.ticket = None if run.ticket_id is None else sql.get(ResumeTicket, run.ticket_id)
+    run.control = None if run.control_id is None else sql.get(ControlIntent, run.control_id)
     return run
 
 
@@ -61,8 +68,8 @@ def ticket_get(ticket_id) -> ResumeTicket:
 def claim_holds(*, run_id, generation: int, owner: str) -> bool:
     """Whether ``owner``'s attempt ``generation`` still holds the run's claim, as committed:
     a durable host checks this before it lets a live command reach the attempt."""
-    return CLAIM.first(run_id=parse_run_id(run_id), generation=generation,
-                       owner=owner) is not None
+    return sql.exists(Run, id=parse_run_id(run_id), state=RunState.RUNNING,
+                      generation=generation, owner=owner)
 
 
 # The orders of the run list: a sort name, ``-`` first for descending, and its column.

@@ -1,26 +1,54 @@
-"""The statements every transition runs, written once as SQL.
+"""The statements the transitions and the control path's reads send written by hand, through
+Django's public API only.
 
-A transition locks its run (``lock``; ``lock_many`` for the runs a worker claims together),
-updates some of its columns (``update``), inserts its events, new runs or attempts
-(``insert``) and closes an attempt (``update_where``). ``write`` sends several of these
-writes as one statement on PostgreSQL (each a data-modifying ``WITH`` part), so that a
-transition costs one round trip for all its writes, not one for each; elsewhere it runs
-them one after the other. Nothing else is written here: cold
-paths (tickets, intents, reads for pages) use the ORM. Through the query compiler each of
-these statements cost about three times the CPU of the statement itself, which was most of
-a worker's time per run (``manage.py bench sql`` measures both ways). The SQL is built once
-per model, set of columns and database vendor from the models' own field definitions,
-identifiers quoted; values go through the fields' own preparation and conversion, so the
-rows read and written are exactly what the ORM would read and write, on PostgreSQL and
-SQLite alike (tests/test_sql.py holds each statement to the ORM's result).
+Every transition is written in the domain, and almost every statement through the ORM.
+These are not, because ``manage.py bench sql`` shows each of them paying for itself on
+the path of every cancel and every lifecycle (the ORM builds and compiles a queryset for
+each call, which costs several times the CPU of the statement):
+
+* ``lock`` and ``lock_many_at``: a run's row lock (``FOR NO KEY UPDATE`` on PostgreSQL),
+  read by ``rows``; ``get`` reads one row the same way, without a lock, and
+  ``exists`` asks whether a row matches (through ``connection.cursor()``).
+* ``write``: the writes of one transition (``Update``, ``UpdateWhere``, ``Insert``, and
+  the ``Keys`` it reads), as one statement on PostgreSQL (each a data-modifying ``WITH``
+  part) through ``connection.cursor()``. Elsewhere the same writes go through the ORM one
+  after the other (``save(update_fields=)``, ``QuerySet.update``, ``bulk_create``).
+
+The SQL is plain text built once per model and shape from the models' ``_meta``, every
+identifier quoted. Values go through the fields' own ``pre_save``, ``get_db_prep_save``
+and ``get_db_prep_value``; rows come back as model instances through ``Model.from_db``
+(``rows``: the fields' ``from_db_value`` on PostgreSQL, ``QuerySet.raw`` elsewhere),
+converted as the ORM converts them. tests/test_sql.py holds each statement to the ORM's result.
 """
 
-import weakref
 from dataclasses import dataclass
 from functools import cache
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import connection, router
 
+
+def quoted(name: str) -> str:
+    """``name`` as an SQL identifier, in the standard's double quotes (PostgreSQL and
+    SQLite both read them so)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def new(model, **values):
+    """A new row of ``model`` made as its constructor makes it (defaults applied), in the
+    state the ORM leaves an instance in once it is saved (``Model.from_db``): the row is
+    written by ``write``'s ``Insert`` in the same transaction. Related objects given in
+    ``values`` stay cached on it."""
+    made = model(**values)
+    names = [f.attname for f in model._meta.concrete_fields]
+    row = model.from_db(router.db_for_write(model), names, [getattr(made, n) for n in names])
+    for name, value in values.items():
+        field = model._meta.get_field(name)
+        if field.is_relation and name == field.name:
+            setattr(row, name, value)
+    return row
+
+
+# --- reads ------------------------------------------------------------------------------------
 
 def lock(model, pk):
     """The row of ``model`` with primary key ``pk``, locked until the transaction ends;
@@ -29,88 +57,121 @@ def lock(model, pk):
     On PostgreSQL the lock is ``FOR NO KEY UPDATE``: it serializes the transitions of the
     row, as ``FOR UPDATE`` would, but not the inserts of rows that refer to it (a child's
     intent naming its parent, say), whose foreign key check only needs the key to stay.
-    A transition never changes a primary key."""
-    reader = _reader(model)
-    with connection.cursor() as cursor:
-        cursor.execute(reader.sql, [model._meta.pk.get_db_prep_value(pk, connection)])
-        row = cursor.fetchone()
-    return None if row is None else reader.instance(row)
+    A transition never changes a primary key. (SQLite has one writer at a time.)"""
+    found = rows(model, _select_sql(model, connection.vendor, "one", True),
+                 [_prepared(model, model._meta.pk.name, pk)])
+    return found[0] if found else None
 
 
-def lock_many(model, pks: list) -> list:
-    """The rows of ``model`` among primary keys ``pks``, locked in primary key order."""
-    return lock_many_at(model, pks)[0]
+def get(model, pk):
+    """The row of ``model`` with primary key ``pk``, or None; not locked."""
+    found = rows(model, _select_sql(model, connection.vendor, "one", False),
+                 [_prepared(model, model._meta.pk.name, pk)])
+    return found[0] if found else None
 
 
 def lock_many_at(model, pks: list) -> tuple[list, object]:
-    """``lock_many``, and the database's clock (``statement_timestamp()``) read by the same
-    statement on PostgreSQL (None when no row is locked, or on another database)."""
+    """The rows of ``model`` among primary keys ``pks``, locked in primary key order, and
+    the database's clock (``statement_timestamp()``) read by the same statement on
+    PostgreSQL (None when no row is locked, or on another database)."""
     if not pks:
         return [], None
-    reader = _reader(model)
     marks = ", ".join(["%s"] * len(pks))
-    prepare = model._meta.pk.get_db_prep_value
+    text = _select_sql(model, connection.vendor, "many", True).format(marks=marks)
+    clocked = connection.vendor == "postgresql"
+    found = rows(model, text, [_prepared(model, model._meta.pk.name, pk) for pk in pks],
+                 extra=("database_clock",) if clocked else ())
+    if not clocked or not found:
+        return found, None
+    clock = found[0].database_clock
+    for row in found:  # the clock is the statement's, not a column of the model
+        del row.database_clock
+    return found, clock
+
+
+def rows(model, text: str, params: list, extra: tuple = ()) -> list:
+    """The rows of ``model`` that the statement ``text`` reads: every concrete column of
+    the model, in ``_meta`` order, then the ``extra`` columns, each set on its row as an
+    attribute of that name (as given by the database).
+
+    On PostgreSQL the driver gives each column as the model's field holds it, except what a
+    field's own ``from_db_value`` hook converts (JSON): the rows are made with
+    ``Model.from_db`` from the cursor's rows. ``QuerySet.raw`` does the same, and more work
+    per call for what it must find out about an arbitrary statement (about 0.5 ms of CPU a
+    read on this machine, ``manage.py bench sql``). Elsewhere (SQLite stores UUIDs and
+    times as text) ``QuerySet.raw`` converts them. tests/test_sql.py holds every model read
+    here to the ORM's result on both."""
+    if connection.vendor != "postgresql":
+        return list(model.objects.raw(text, params))
+    names, hooks = _reading(model)
     with connection.cursor() as cursor:
-        cursor.execute(reader.sql_many_at.format(marks=marks),
-                       [prepare(pk, connection) for pk in pks])
-        rows = cursor.fetchall()
-    if reader.clock:
-        return [reader.instance(row[:-1]) for row in rows], rows[0][-1] if rows else None
-    return [reader.instance(row) for row in rows], None
+        cursor.execute(text, params)
+        fetched = cursor.fetchall()
+    found = []
+    width = len(names)
+    for values in fetched:
+        columns = list(values[:width])
+        for index, hook in hooks:
+            columns[index] = hook(columns[index], None, connection)
+        row = model.from_db(router.db_for_read(model), names, columns)
+        for name, value in zip(extra, values[width:], strict=True):
+            setattr(row, name, value)
+        found.append(row)
+    return found
 
 
-def insert(*instances) -> None:
-    """Insert ``instances`` (all of one model) in one statement, defaults and
-    ``auto_now_add`` applied as by ``save``; an automatic primary key is read back into
-    each."""
-    if not instances:
-        return
-    sql, fields, auto = _insert_sql(type(instances[0]), connection.vendor)
-    row = f"({', '.join(['%s'] * len(fields))})"
-    values = [f.get_db_prep_save(f.pre_save(instance, True), connection)
-              for instance in instances for f in fields]
+@cache
+def _reading(model) -> tuple[list, list]:
+    """The attribute names of ``model``'s concrete fields and the ``from_db_value`` hooks
+    of those that have one, by position."""
+    fields = model._meta.concrete_fields
+    return ([f.attname for f in fields],
+            [(i, f.from_db_value) for i, f in enumerate(fields) if hasattr(f, "from_db_value")])
+
+
+def exists(model, **where) -> bool:
+    """Whether a row of ``model`` has each field of ``where`` equal to its value."""
+    text = _exists_sql(model, tuple(where))
     with connection.cursor() as cursor:
-        cursor.execute(sql.format(rows=", ".join([row] * len(instances))), values)
-        if auto is not None:
-            # PostgreSQL and SQLite return the rows in the order of VALUES (bulk_create
-            # relies on the same).
-            for instance, (pk,) in zip(instances, cursor.fetchall(), strict=True):
-                setattr(instance, auto.attname, pk)
-    for instance in instances:
-        instance._state.adding, instance._state.db = False, connection.alias
+        cursor.execute(text, [_prepared(model, n, v) for n, v in where.items()])
+        return cursor.fetchone() is not None
 
 
-def update(instance, names: tuple[str, ...]) -> None:
-    """Write the fields ``names`` of ``instance`` to its row (``auto_now`` applied)."""
-    model = type(instance)
-    sql, fields = _update_sql(model, tuple(names), (model._meta.pk.name,), connection.vendor)
-    values = [f.get_db_prep_save(f.pre_save(instance, False), connection) for f in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*values, _value(model, model._meta.pk.name, instance.pk)])
+@cache
+def _exists_sql(model, names: tuple) -> str:
+    return f"SELECT 1 FROM {quoted(model._meta.db_table)} WHERE {_condition(model, names)}"
 
 
-def update_where(model, values: dict, **where) -> int:
-    """``UPDATE model SET values WHERE`` each ``where`` field equals its value; row count."""
-    sql, fields = _update_sql(model, tuple(values), tuple(where), connection.vendor)
-    params = [f.get_db_prep_save(values[f.name], connection) for f in fields]
-    params += [_value(model, name, value) for name, value in where.items()]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.rowcount
+@cache
+def _select_sql(model, vendor: str, how: str, locked: bool) -> str:
+    """Every column of ``model``'s rows by primary key: ``one`` (``= %s``) or ``many``
+    (``IN ({marks})``, in key order, with the database's clock on PostgreSQL)."""
+    pk = quoted(model._meta.pk.column)
+    columns = ", ".join(quoted(f.column) for f in model._meta.concrete_fields)
+    if how == "many" and vendor == "postgresql":
+        columns += ", statement_timestamp() AS database_clock"
+    where = f"{pk} = %s" if how == "one" else f"{pk} IN ({{marks}}) ORDER BY {pk}"
+    lock_clause = " FOR NO KEY UPDATE" if locked and vendor == "postgresql" else ""
+    return f"SELECT {columns} FROM {quoted(model._meta.db_table)} WHERE {where}{lock_clause}"
 
 
-# --- several writes, one statement ------------------------------------------------------------
+def _prepared(model, name: str, value):
+    return model._meta.get_field(name).get_db_prep_value(value, connection)
+
+
+# --- the writes of one transition -------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Update:
-    """``update(instance, names)`` as a part of ``write``."""
+    """Write the fields ``names`` of ``instance`` (a saved row) to its row, ``auto_now``
+    applied: ``instance.save(update_fields=names)``."""
     instance: object
     names: tuple
 
 
 @dataclass(frozen=True)
 class UpdateWhere:
-    """``update_where(model, values, **where)`` as a part of ``write``."""
+    """``model.objects.filter(**where).update(**values)``."""
     model: type
     values: dict
     where: dict
@@ -118,15 +179,18 @@ class UpdateWhere:
 
 @dataclass(frozen=True)
 class Insert:
-    """``insert(*instances)`` as a part of ``write``."""
+    """Insert ``instances`` (all of one model, made by ``new``), defaults and
+    ``auto_now_add`` applied as by ``save``; an automatic primary key is read back into
+    each: ``bulk_create``."""
     instances: tuple
 
 
 @dataclass(frozen=True)
 class Keys:
-    """The primary keys of the rows of ``model`` whose ``where`` columns equal the values
-    given and whose ``unless`` columns do not, in primary key order: what ``write``
-    returns. Read in the same statement as the writes, so it does not see them."""
+    """The primary keys of the rows of ``model`` whose ``where`` fields equal the values
+    given and whose ``unless`` fields do not, in primary key order: what ``write``
+    returns. Read in the same statement as the writes on PostgreSQL, so it does not see
+    them."""
     model: type
     where: dict
     unless: dict
@@ -135,52 +199,37 @@ class Keys:
 def write(*parts) -> list:
     """Make the writes ``parts`` (``Update``, ``UpdateWhere``, ``Insert``), in one statement
     on PostgreSQL, one after the other elsewhere, and read the ``Keys`` part if there is one
-    (it must be the last). Automatic primary keys of inserted rows are read back as by
-    ``insert``. The parts must not write the same rows: in one statement, PostgreSQL makes
-    them all against the same snapshot, in no set order."""
+    (it must be the last). The parts must not write the same rows: in one statement,
+    PostgreSQL makes them all against the same snapshot, in no set order."""
     keys = parts[-1] if parts and isinstance(parts[-1], Keys) else None
     writes = parts[:-1] if keys is not None else parts
     if connection.vendor != "postgresql":
-        for part in writes:
-            if isinstance(part, Update):
-                update(part.instance, part.names)
-            elif isinstance(part, UpdateWhere):
-                update_where(part.model, part.values, **part.where)
-            else:
-                insert(*part.instances)
-        if keys is None:
-            return []
-        rows = keys.model._default_manager.filter(**keys.where)
-        for name, value in keys.unless.items():
-            rows = rows.exclude(**{name: value})
-        return list(rows.order_by("pk").values_list("pk", flat=True))
+        return _write_by_orm(writes, keys)
 
     shape, params = [], []
     for part in parts:
         if isinstance(part, Update):
             model = type(part.instance)
             shape.append(("update", model, tuple(part.names)))
-            _, fields = _update_sql(model, tuple(part.names), (model._meta.pk.name,),
-                                    connection.vendor)
-            params += [f.get_db_prep_save(f.pre_save(part.instance, False), connection)
-                       for f in fields]
-            params.append(_value(model, model._meta.pk.name, part.instance.pk))
+            params += [model._meta.get_field(n).get_db_prep_save(
+                model._meta.get_field(n).pre_save(part.instance, False), connection)
+                for n in part.names]
+            params.append(_prepared(model, model._meta.pk.name, part.instance.pk))
         elif isinstance(part, UpdateWhere):
             shape.append(("update_where", part.model, tuple(part.values), tuple(part.where)))
-            _, fields = _update_sql(part.model, tuple(part.values), tuple(part.where),
-                                    connection.vendor)
-            params += [f.get_db_prep_save(part.values[f.name], connection) for f in fields]
-            params += [_value(part.model, name, value) for name, value in part.where.items()]
+            params += [part.model._meta.get_field(n).get_db_prep_save(v, connection)
+                       for n, v in part.values.items()]
+            params += [_prepared(part.model, n, v) for n, v in part.where.items()]
         elif isinstance(part, Insert):
             model = type(part.instances[0])
             shape.append(("insert", model, len(part.instances)))
-            _, fields, _ = _insert_sql(model, connection.vendor)
+            fields = _inserted_fields(model)
             params += [f.get_db_prep_save(f.pre_save(instance, True), connection)
                        for instance in part.instances for f in fields]
         else:
             shape.append(("keys", part.model, tuple(part.where), tuple(part.unless)))
-            params += [_value(part.model, name, value) for name, value in part.where.items()]
-            params += [_value(part.model, name, value) for name, value in part.unless.items()]
+            params += [_prepared(part.model, n, v) for n, v in part.where.items()]
+            params += [_prepared(part.model, n, v) for n, v in part.unless.items()]
     with connection.cursor() as cursor:
         cursor.execute(_write_sql(tuple(shape)), params)
         returned = cursor.fetchall()
@@ -188,17 +237,48 @@ def write(*parts) -> list:
     for index, key in returned:
         by_part.setdefault(index, []).append(key)
     for index, part in enumerate(writes):
-        if isinstance(part, Insert):
-            auto = _insert_sql(type(part.instances[0]), connection.vendor)[2]
-            if auto is not None:
-                for instance, key in zip(part.instances, by_part[index], strict=True):
-                    setattr(instance, auto.attname, auto.to_python(key))
-            for instance in part.instances:
-                instance._state.adding, instance._state.db = False, connection.alias
+        if isinstance(part, Insert) and _automatic_key(type(part.instances[0])) is not None:
+            auto = _automatic_key(type(part.instances[0]))
+            # PostgreSQL returns the rows in the order of VALUES (bulk_create relies on it).
+            for instance, key in zip(part.instances, by_part[index], strict=True):
+                setattr(instance, auto.attname, auto.to_python(key))
     if keys is None:
         return []
     pk = keys.model._meta.pk
     return sorted(pk.to_python(key) for key in by_part.get(len(parts) - 1, []))
+
+
+def _write_by_orm(writes, keys) -> list:
+    for part in writes:
+        if isinstance(part, Update):
+            part.instance.save(update_fields=list(part.names))
+        elif isinstance(part, UpdateWhere):
+            part.model.objects.filter(**part.where).update(**part.values)
+        else:
+            type(part.instances[0]).objects.bulk_create(part.instances)
+    if keys is None:
+        return []
+    rows = keys.model.objects.filter(**keys.where)
+    for name, value in keys.unless.items():
+        rows = rows.exclude(**{name: value})
+    return list(rows.order_by("pk").values_list("pk", flat=True))
+
+
+def _automatic_key(model):
+    """The primary key field if the database makes its values, else None."""
+    return model._meta.pk if model._meta.pk.db_returning else None
+
+
+def _inserted_fields(model) -> list:
+    auto = _automatic_key(model)
+    return [f for f in model._meta.concrete_fields if f is not auto]
+
+
+def _condition(model, where, unless=()) -> str:
+    def column(name):
+        return quoted(model._meta.get_field(name).column)
+    return " AND ".join([*(f"{column(n)} = %s" for n in where),
+                         *(f"{column(n)} <> %s" for n in unless)])
 
 
 @cache
@@ -209,94 +289,26 @@ def _write_sql(shape: tuple) -> str:
     queries, outputs = [], []
     for index, (kind, model, *rest) in enumerate(shape):
         name = f"part{index}"
-        pk = _quote(model._meta.pk.column)
-        if kind == "update":
-            query = _update_sql(model, rest[0], (model._meta.pk.name,), "postgresql")[0]
-        elif kind == "update_where":
-            query = _update_sql(model, rest[0], rest[1], "postgresql")[0]
+        table = quoted(model._meta.db_table)
+        pk = quoted(model._meta.pk.column)
+        if kind in ("update", "update_where"):
+            names, where = rest[0], (rest[1] if kind == "update_where" else (model._meta.pk.name,))
+            assignments = ", ".join(f"{quoted(model._meta.get_field(n).column)} = %s"
+                                    for n in names)
+            query = f"UPDATE {table} SET {assignments} WHERE {_condition(model, where)}"
         elif kind == "insert":
-            text, fields, auto = _insert_sql(model, "postgresql")
+            fields = _inserted_fields(model)
             row = f"({', '.join(['%s'] * len(fields))})"
-            query = text.format(rows=", ".join([row] * rest[0]))
+            query = (f"INSERT INTO {table} ({', '.join(quoted(f.column) for f in fields)}) "
+                     f"VALUES {', '.join([row] * rest[0])}")
+            auto = _automatic_key(model)
             if auto is not None:
-                outputs.append(f"SELECT {index}, {_quote(auto.column)}::text FROM {name}")
+                query += f" RETURNING {quoted(auto.column)}"
+                outputs.append(f"SELECT {index}, {quoted(auto.column)}::text FROM {name}")
         else:
             where, unless = rest
-            columns = {n: _quote(model._meta.get_field(n).column) for n in (*where, *unless)}
-            condition = " AND ".join([*(f"{columns[n]} = %s" for n in where),
-                                      *(f"{columns[n]} <> %s" for n in unless)])
-            query = (f"SELECT {pk} FROM {_quote(model._meta.db_table)} WHERE {condition} "
-                     f"ORDER BY {pk}")
+            query = f"SELECT {pk} FROM {table} WHERE {_condition(model, where, unless)}"
             outputs.append(f"SELECT {index}, {pk}::text FROM {name}")
         queries.append(f"{name} AS ({query})")
     final = " UNION ALL ".join(outputs) or "SELECT 0, NULL::text WHERE false"
     return f"WITH {', '.join(queries)} {final}"
-
-
-def _value(model, name, value):
-    return model._meta.get_field(name).get_db_prep_value(value, connection)
-
-
-def _quote(name: str) -> str:
-    return connection.ops.quote_name(name)
-
-
-@cache
-def _insert_sql(model, vendor: str):
-    auto = model._meta.pk if model._meta.pk.db_returning else None
-    fields = [f for f in model._meta.concrete_fields if f is not auto]
-    columns = ", ".join(_quote(f.column) for f in fields)
-    returning = f" RETURNING {_quote(auto.column)}" if auto is not None else ""
-    return (f"INSERT INTO {_quote(model._meta.db_table)} ({columns}) VALUES {{rows}}"
-            f"{returning}", fields, auto)
-
-
-@cache
-def _update_sql(model, names: tuple[str, ...], where: tuple[str, ...], vendor: str):
-    fields = [model._meta.get_field(name) for name in names]
-    assignments = ", ".join(f"{_quote(f.column)} = %s" for f in fields)
-    condition = " AND ".join(f"{_quote(model._meta.get_field(n).column)} = %s" for n in where)
-    return (f"UPDATE {_quote(model._meta.db_table)} SET {assignments} WHERE {condition}",
-            fields)
-
-
-class _Reader:
-    """Reads rows of one model on one connection: the SQL, and the converters the
-    connection applies to each column (a UUID stored as text on SQLite, say)."""
-
-    def __init__(self, model, db):
-        self.model = model
-        fields = model._meta.concrete_fields
-        self.attnames = [f.attname for f in fields]
-        lock = (" FOR NO KEY UPDATE" if db.vendor == "postgresql"
-                else " FOR UPDATE" if db.features.has_select_for_update else "")
-        quote = db.ops.quote_name
-        select = (f"SELECT {', '.join(quote(f.column) for f in fields)} "
-                  f"FROM {quote(model._meta.db_table)}")
-        pk = quote(model._meta.pk.column)
-        self.sql = f"{select} WHERE {pk} = %s{lock}"
-        self.sql_many = f"{select} WHERE {pk} IN ({{marks}}) ORDER BY {pk}{lock}"
-        self.clock = db.vendor == "postgresql"
-        self.sql_many_at = (self.sql_many.replace(" FROM ", ", statement_timestamp() FROM ", 1)
-                            if self.clock else self.sql_many)
-        self.compiler = model.objects.none().query.get_compiler(connection=db)
-        self.converters = self.compiler.get_converters(
-            [f.get_col(model._meta.db_table) for f in fields])
-        self.alias = db.alias
-
-    def instance(self, row):
-        if self.converters:
-            row = next(self.compiler.apply_converters([row], self.converters))
-        return self.model.from_db(self.alias, self.attnames, row)
-
-
-# One reader per model per connection object (each thread has its own connection).
-_readers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _reader(model) -> _Reader:
-    db = connections[DEFAULT_DB_ALIAS]
-    by_model = _readers.setdefault(db, {})
-    if model not in by_model:
-        by_model[model] = _Reader(model, db)
-    return by_model[model]

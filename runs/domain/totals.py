@@ -11,6 +11,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Sum
 
 from runs.domain.overview import STOP_BUCKETS
+from runs.domain.sql import quoted
 from runs.models import MetricDelta
 
 FOLD_AFTER = 200
@@ -25,7 +26,7 @@ def fold() -> None:
 
     Its commit need not wait for the disk (``synchronous_commit`` off): it changes no total,
     so losing it in a crash only leaves the rows unfolded."""
-    table = connection.ops.quote_name(MetricDelta._meta.db_table)
+    table = quoted(MetricDelta._meta.db_table)
     if connection.vendor == "postgresql":
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SET LOCAL synchronous_commit TO OFF")

@@ -2,11 +2,13 @@
 
 from django.db import migrations, models
 
+from runs.models import STOP_BUCKETS
+
 # The totals of /metrics, kept by the database in the transaction of each change
 # (runs.models.MetricDelta). The bounds of the time-to-stop histogram are written into the
-# triggers: a change to runs.domain.overview.STOP_BUCKETS needs a migration that rewrites
-# them and recounts the "stop" rows.
-STOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# triggers from runs.models.STOP_BUCKETS, their one definition: a change to it needs a new
+# migration that installs the triggers again (uninstall, then install, of this module) and
+# recounts the "stop" rows.
 
 
 def bucket(took: str) -> str:

@@ -1,4 +1,6 @@
-"""Prepared reads give what their querysets give, with each call's own values."""
+"""The hand-written reads of the control path (``selectors.run_get``, ``claim_holds``,
+``core.pending_intent``, ``keys.key_lookup``) give what their querysets give, with each
+call's own values."""
 
 import threading
 import uuid
@@ -6,12 +8,12 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from runs import domain
 from runs.domain import core, keys, selectors, throttle
-from runs.domain.prepared import Prepared
-from runs.models import AuthFailure, AuthScope, ControlIntent, Run, RunState
+from runs.models import AuthFailure, AuthScope, ControlIntent, Run
 from tests.conftest import make_user
 from tests.factories import awaiting_run, queued_run, running_run
 
@@ -32,8 +34,10 @@ def test_a_run_is_read_as_the_queryset_reads_it_with_its_ticket_and_request():
         plain = selectors.runs().get(pk=run_id)
         assert fields_of(prepared) == fields_of(plain)
         for related in ("ticket", "control"):
-            assert Run._meta.get_field(related).is_cached(prepared)
-            mine, theirs = getattr(prepared, related), getattr(plain, related)
+            with CaptureQueriesContext(connection) as queries:  # read with the run
+                mine = getattr(prepared, related)
+            assert not queries.captured_queries
+            theirs = getattr(plain, related)
             assert (mine and fields_of(mine)) == (theirs and fields_of(theirs))
 
 
@@ -73,23 +77,31 @@ def test_the_key_lookup_reads_locks_and_roles_as_the_queryset_does(settings):
     now = timezone.now()
     values = {"digest": keys.key_digest(key), "address": "10.0.0.1", "prefix": key[:8],
               **throttle.lock_bounds(now)}
-    plain = keys._key_lookup(**values).first()
-    prepared = keys.KEY_LOOKUP.first(**values)
-    assert prepared.locked is None is plain.locked
+    plain = keys.key_lookup_queryset(**values).first()
+    prepared = keys.key_lookup(**values)
+    assert prepared.awaken_locked is None is plain.locked
     assert (prepared._awaken_has_operator, prepared._awaken_has_viewer) == (True, False)
-    assert fields_of(prepared.user) == fields_of(plain.user)
+    assert (plain._awaken_has_operator, plain._awaken_has_viewer) == (True, False)
+    assert fields_of(prepared) == fields_of(plain.user)
     # A lock of the prefix shows; with more failures needed (a setting), it does not.
     AuthFailure.objects.create(scope=AuthScope.KEY_PREFIX, ident=key[:8],
                                failures=settings.AWAKEN_AUTH_FAILURES,
                                last_failed_at=now - timedelta(seconds=1))
-    assert keys.KEY_LOOKUP.first(**values).locked == keys._key_lookup(**values).first().locked
-    assert keys.KEY_LOOKUP.first(**values).locked is not None
+    locked = keys.key_lookup(**values).awaken_locked
+    assert locked == keys.key_lookup_queryset(**values).first().locked
+    assert locked is not None and locked.tzinfo is not None
+    # The address's lock shows as well.
+    AuthFailure.objects.filter(scope=AuthScope.KEY_PREFIX).update(ident="other")
+    assert keys.key_lookup(**values).awaken_locked is None
+    AuthFailure.objects.filter(scope=AuthScope.KEY_PREFIX).update(
+        scope=AuthScope.ADDRESS, ident="10.0.0.1")
+    assert keys.key_lookup(**values).awaken_locked == locked
     settings.AWAKEN_AUTH_FAILURES += 1
-    assert keys.KEY_LOOKUP.first(**{**values, **throttle.lock_bounds(now)}).locked is None
-    assert keys.KEY_LOOKUP.first(**{**values, "digest": "0" * 64}) is None
+    assert keys.key_lookup(**{**values, **throttle.lock_bounds(now)}).awaken_locked is None
+    assert keys.key_lookup(**{**values, "digest": "0" * 64}) is None
 
 
-def test_every_thread_compiles_on_its_own_connection():
+def test_every_thread_reads_on_its_own_connection():
     runs = [queued_run() for _ in range(4)]
     found, errors = {}, []
 
@@ -108,9 +120,3 @@ def test_every_thread_compiles_on_its_own_connection():
         thread.join(30)
     assert not errors
     assert found == {run.pk: run.pk for run in runs}
-
-
-def test_a_parameter_the_statement_does_not_use_is_refused():
-    unused = Prepared(lambda pk: Run.objects.filter(state=RunState.QUEUED), pk=Run._meta.pk)
-    with pytest.raises(ValueError, match="'pk' is not in the statement"):
-        unused.rows(pk=uuid.uuid4())
