@@ -32,7 +32,7 @@ class Host:
         self.activity_log.append(entry)
 
     async def before_step(self, ctx):
-        ctx._check()
+        ctx.check()
 
     async def commit_step(self, ctx, *, tokens, data):
         self.commits.append({"tokens": tokens, "data": data, "state": copy.deepcopy(ctx.state)})

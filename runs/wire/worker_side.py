@@ -53,4 +53,4 @@ def deliver(run_id, generation: int, command: str, **details) -> bool:
         return False
     if executor.registry.get(run_id, generation) is None:
         executor.registry.wait_for(run_id, generation, REGISTRATION_WAIT)
-    return executor.registry.deliver(run_id, generation, command, **details) is not None
+    return executor.registry.apply(run_id, generation, command, **details) is not None
