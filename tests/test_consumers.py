@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from awaken_site.asgi import application
 from runs import domain as services
-from runs.changes import stream
+from runs.changes.stream import stream
 from runs.domain import selectors
 from runs.domain.keys import api_key_issue
 from runs.domain.representation import SNAPSHOT_BYTES

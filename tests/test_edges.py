@@ -18,7 +18,7 @@ from runs.models import Attempt, ControlIntent, Event, Run, RunState
 from runs.runtime.agent import Context
 from runs.runtime.registry import Entry, Registry
 from runs.runtime.token import CancellationToken, Why
-from runs.wire import worker_side
+from runs.workers import commands
 from tests.conftest import client_for, db_state, make_user
 from tests.factories import OWNER, awaiting_run, queued_run, running_run
 
@@ -50,7 +50,7 @@ class FakeExecutor:
 @pytest.fixture
 def executor(monkeypatch):
     fake = FakeExecutor()
-    monkeypatch.setattr(worker_side, "current_executor", lambda: fake)
+    monkeypatch.setattr(commands, "current_executor", lambda: fake)
     return fake
 
 
@@ -60,9 +60,9 @@ def test_a_live_command_to_a_re_queued_attempt_is_not_active(executor):
     executor.registry.register(entry)
     expire(run)
     assert domain.sweep()["requeued"] == 1  # the claim is gone; the registry still has it
-    assert not worker_side.deliver(str(run.id), generation, "pause", actor="olga")
+    assert not commands.apply_command(str(run.id), generation, "pause", actor="olga")
     assert not entry.pause_requested.is_set()
-    assert not worker_side.deliver(str(run.id), generation, "cancel")
+    assert not commands.apply_command(str(run.id), generation, "cancel")
     assert not entry.token.cancelled
 
 
@@ -70,7 +70,7 @@ def test_a_live_command_to_the_claim_holder_is_delivered(executor):
     run, generation = running_run()
     entry = Entry(str(run.id), generation, CancellationToken())
     executor.registry.register(entry)
-    assert worker_side.deliver(str(run.id), generation, "cancel", actor="olga")
+    assert commands.apply_command(str(run.id), generation, "cancel", actor="olga")
     assert entry.token.why.actor == "olga"
 
 
@@ -78,7 +78,7 @@ def test_a_command_that_arrives_before_its_attempt_registers_waits_for_it(execut
     run, generation = running_run()  # claimed: the claim commits before registration
     entry = Entry(str(run.id), generation, CancellationToken())
     threading.Timer(0.05, executor.registry.register, args=(entry,)).start()
-    assert worker_side.deliver(str(run.id), generation, "cancel")
+    assert commands.apply_command(str(run.id), generation, "cancel")
     assert entry.token.cancelled
 
 
@@ -332,7 +332,7 @@ def test_pause_of_a_run_that_ends_before_its_boundary_is_not_active(api, monkeyp
         domain.attempt_finish(run_id=run.id, generation=generation,
                               ending=domain.Ending.completed())
 
-    monkeypatch.setattr("runs.wire.web_side.deliver", attempt_ends_instead)
+    monkeypatch.setattr("runs.workers.dispatch.send_command_and_wait", attempt_ends_instead)
     response = api.post(f"/api/runs/{run.id}/pause/?wait=0")
     assert response.status_code == 409
     body = response.json()

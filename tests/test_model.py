@@ -25,7 +25,7 @@ model, and SPEC §7 is checked on what committed:
 * a run is handed to a worker only once it committed queued, and the representation last
   announced of each run is the one the database holds.
 
-The ``workers`` port is a fake (through ``runs.domain.ports.connect``): its registry holds
+The ``workers`` interface is a fake (through ``runs.domain.outside.connect``): its registry holds
 the attempts the machine claimed, takes a live command only for the attempt holding the
 claim as committed, and a cancel cancels that attempt's token. The ``changes`` port keeps
 what each announcement would push. Each example runs in a savepoint rolled back at its end,
@@ -62,7 +62,7 @@ from hypothesis.stateful import (
 )
 
 from runs import domain
-from runs.domain import ports
+from runs.domain import outside
 from runs.domain.representation import run_data
 from runs.models import (
     Attempt,
@@ -97,7 +97,7 @@ QUEUED, RUNNING, AWAITING, ENDED = (RunState.QUEUED, RunState.RUNNING, RunState.
                                     RunState.ENDED)
 
 
-# --- the ports ------------------------------------------------------------------------------
+# --- the outside interfaces -----------------------------------------------------------------
 
 
 @dataclass
@@ -109,7 +109,7 @@ class FakeAttempt:
 
 
 class FakeWorkers:
-    """The ``workers`` port: the attempts the test plays, by ``(run_id, generation)``."""
+    """The ``workers`` interface: the attempts the test plays, by ``(run_id, generation)``."""
 
     def __init__(self):
         self.attempts: dict[tuple[str, int], FakeAttempt] = {}
@@ -123,8 +123,8 @@ class FakeWorkers:
                 self.violations.append(f"run {run_id} handed to a worker but not queued")
             self.queued.append(str(run_id))
 
-    def deliver(self, *, run_id, generation, owner, command, actor=None, source=None,
-                message=None) -> None:
+    def send_command_and_wait(self, *, run_id, generation, owner, command, actor=None,
+                              source=None, message=None) -> None:
         attempt = self.attempts.get((str(run_id), generation))
         # As a durable host does: the claim is checked as committed before delivery.
         holds = owner is not None and Run.objects.filter(
@@ -138,7 +138,8 @@ class FakeWorkers:
         else:
             attempt.inbox.append(message)
 
-    def signal(self, *, run_id, generation, owner, command, actor=None, source=None) -> None:
+    def send_command(self, *, run_id, generation, owner, command, actor=None,
+                     source=None) -> None:
         if not ControlIntent.objects.filter(run_id=run_id, requested_by=actor,
                                             source=source).exists():
             self.violations.append(f"a {command} signal to run {run_id} before its intent")
@@ -152,13 +153,13 @@ class FakeWorkers:
 
 
 class Announcements:
-    """The ``changes`` port: the newest representation announced of each run."""
+    """The ``changes`` interface: the newest representation announced of each run."""
 
     def __init__(self, workers: FakeWorkers):
         self.latest: dict[str, dict] = {}
         self.violations = workers.violations
 
-    def announce(self, *, changes) -> None:
+    def publish_changes(self, *, changes) -> None:
         for run, event in changes:
             data = run_data(run)
             if data["version"] < event.version:
@@ -168,7 +169,7 @@ class Announcements:
             if known is None or data["version"] >= known["version"]:
                 self.latest[str(run.id)] = data
 
-    def bulk_changed(self, *, job) -> None:
+    def publish_bulk(self, *, job) -> None:
         pass
 
 
@@ -189,11 +190,12 @@ def report_the_count(request):
 
 
 @pytest.fixture
-def ports_restored():
-    """The machine plugs fakes into the ports; the real adapters come back afterwards."""
-    workers, changes = ports.workers, ports.changes
+def outside_restored():
+    """The machine plugs fakes into the outside interfaces; the real adapters come back
+    afterwards."""
+    workers, changes = outside.workers, outside.changes
     yield
-    ports.connect(workers=workers, changes=changes)
+    outside.connect(workers=workers, changes=changes)
 
 
 # --- the reference model --------------------------------------------------------------------
@@ -233,7 +235,7 @@ class RunControl(RuleBasedStateMachine):
         TRIED["examples"] += 1
         self.workers = FakeWorkers()
         self.announced = Announcements(self.workers)
-        ports.connect(workers=self.workers, changes=self.announced)
+        outside.connect(workers=self.workers, changes=self.announced)
         self.savepoint = transaction.atomic()
         self.savepoint.__enter__()
         self.runs: dict[str, Model] = {}
@@ -600,9 +602,9 @@ class RunControl(RuleBasedStateMachine):
     @precondition(lambda self: self.runs)
     @rule(pick=PICK, command=st.sampled_from(["cancel", "pause", "wake", "message"]),
           actor=st.sampled_from(ACTORS))
-    def deliver(self, pick, command, actor):
+    def send_live_command(self, pick, command, actor):
         run = self.pick(pick, RUNNING)
-        answer, _ = self.call(lambda: domain.run_deliver(
+        answer, _ = self.call(lambda: domain.run_live_command(
             run_id=run.id, command=command, actor=actor, source="api",
             message={"hello": actor} if command == "message" else None))
         # Nothing durable: a live command changes no committed state.
@@ -725,6 +727,6 @@ SETTINGS = hypothesis.settings(max_examples=EXAMPLES, stateful_step_count=STEPS,
 
 
 @pytest.mark.timeout(max(300, EXAMPLES * STEPS // 4))
-def test_the_services_keep_the_model_and_spec_7(ports_restored, settings):
+def test_the_services_keep_the_model_and_spec_7(outside_restored, settings):
     settings.AWAKEN_MAX_CRASH_RETRIES = MAX_CRASH_RETRIES
     run_state_machine_as_test(RunControl, settings=SETTINGS)

@@ -6,7 +6,8 @@ reaches the process's shared parts through the executor's public attributes: the
 database threads, the tool threads, the children, the provider client.
 """
 
-from runs import changes, domain
+from runs import domain
+from runs.changes.publishing import publish_output
 from runs.domain.errors import Fenced
 from runs.runtime.activity_writer import ActivityWriter
 from runs.runtime.agent import BudgetExceeded, Context, Paused
@@ -103,7 +104,7 @@ class AttemptHost:
 
     def publish_output(self, run_id: str, text: str) -> None:
         """Push a live output message of the attempt to the sockets of its run."""
-        changes.publish_output(run_id=run_id, text=text)
+        publish_output(run_id=run_id, text=text)
 
     # --- blocking tools ----------------------------------------------------------------
 

@@ -13,55 +13,57 @@ up by the host.
 """
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from runs.providers.client import ChatClient
-    from runs.runtime.agent import Context
+from runs.providers.client import ChatClient
+
+# Each method is given the attempt's ``runs.runtime.agent.Context`` (not imported here: the
+# context imports this interface).
+Context = Any
 
 
 class Host(Protocol):
     # --- steps -----------------------------------------------------------------------
 
-    async def before_step(self, ctx: "Context") -> None:
+    async def before_step(self, ctx: Context) -> None:
         """At a step boundary: raise ``Interrupted`` if the token is cancelled, take a
         pause an operator asked for (raise ``Paused`` once it commits), raise
         ``BudgetExceeded`` when a step or token budget is used up."""
 
-    async def commit_step(self, ctx: "Context", *, tokens: int,
+    async def commit_step(self, ctx: Context, *, tokens: int,
                           data: dict | None = None) -> None:
         """Commit the step with ``ctx.state``, ``tokens`` used and its event's ``data``;
         set ``ctx.usage`` to the run's totals as committed."""
 
     # --- pauses and the live inbox ---------------------------------------------------------
 
-    async def pause(self, ctx: "Context", *, reason: str, prompt: Any,
+    async def pause(self, ctx: Context, *, reason: str, prompt: Any,
                     schema: dict | None = None) -> None:
         """Move the run to ``awaiting`` with a ticket for ``reason`` (the agent waits for
         input). The context raises ``Paused`` after it."""
 
-    async def receive(self, ctx: "Context") -> Any:
+    async def receive(self, ctx: Context) -> Any:
         """The next item of the attempt's live inbox (a message, or None for a wake),
         waiting for one; a pause asked meanwhile is taken here."""
 
     # --- the activity log --------------------------------------------------------------
 
-    def activity(self, ctx: "Context", entry: dict) -> None:
+    def activity(self, ctx: Context, entry: dict) -> None:
         """Take an entry for the run's activity log; never waits (written off the agent's
         path)."""
 
     # --- child runs --------------------------------------------------------------------
 
-    async def spawn(self, ctx: "Context", agent: str, input: dict) -> Any:
+    async def spawn(self, ctx: Context, agent: str, input: dict) -> Any:
         """Create a child run of ``agent`` and start it here under a child token; its id."""
 
-    async def wait_children(self, ctx: "Context") -> list[dict]:
+    async def wait_children(self, ctx: Context) -> list[dict]:
         """Wait for every child this attempt started; their committed ends."""
 
     # --- the model provider and live output ------------------------------------------------
 
     @property
-    def provider(self) -> "ChatClient":
+    def provider(self) -> ChatClient:
         """The process's client of the model provider."""
 
     output_per_second: float  # live output pushes per second at most (0: none)

@@ -1,8 +1,8 @@
 """The active-attempt registry: per worker process, run id -> the live attempt's handles.
 
-It is the only in-process lookup for the live commands: cancel, pause, wake and message. Entries carry
-their generation: a command for another generation is NotActive, and a stale attempt's
-cleanup can never remove its replacement.
+It is the only in-process lookup for the live commands (cancel, pause, wake, message).
+Entries carry their generation: a command for another generation is NotActive, and a stale
+attempt's cleanup can never remove its replacement.
 """
 
 import asyncio

@@ -14,7 +14,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from runs.changes import Outbox, stream
+from runs.changes.outbox import Outbox
+from runs.changes.stream import stream
 from runs.domain import selectors
 from runs.domain.errors import RunNotFound
 from runs.domain.roles import is_viewer
@@ -55,7 +56,7 @@ def error_text(detail: str) -> str:
 
 
 class RunsConsumer(AsyncWebsocketConsumer):
-    # No channel of its own: the process's one subscription (runs.changes) receives each
+    # No channel of its own: the process's one subscription (runs.changes.stream) receives each
     # change once and puts it in the outbox of every local socket that follows it.
     channel_layer_alias = None
     outbox = None
