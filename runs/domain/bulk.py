@@ -36,7 +36,7 @@ from runs.models import (
     RunState,
 )
 
-CHUNK = 50  # runs read at once; progress is announced after each chunk
+CHUNK = 50  # runs read at once; progress is published after each chunk
 
 
 def bulk_selection(*, ids: list | None = None, criteria: dict | None = None) -> list:

@@ -107,7 +107,7 @@ def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, s
     """Bump the version of each locked run of ``runs``, write its ``fields`` and one
     ``kind`` event for it, and the writes ``also``: one statement on PostgreSQL. With
     ``children_of``, the same statement reads the ids of that run's children that have not
-    ended. Returns ``(events, child ids)``; each run is announced with its event once the
+    ended. Returns ``(events, child ids)``; each run is published with its event once the
     transaction commits."""
     events = []
     for run in runs:
