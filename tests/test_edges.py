@@ -66,7 +66,7 @@ def test_a_live_command_to_a_re_queued_attempt_is_not_active(executor):
     assert not entry.token.cancelled
 
 
-def test_a_live_command_to_the_claim_holder_is_delivered(executor):
+def test_a_live_command_to_the_claim_holder_is_applied(executor):
     run, generation = running_run()
     entry = Entry(str(run.id), generation, CancellationToken())
     executor.registry.register(entry)

@@ -23,12 +23,12 @@ model, and SPEC §7 is checked on what committed:
 * generations only increase; each run's events have versions 1..n in increasing ``seq``,
   and no event is ever changed or removed;
 * a run is handed to a worker only once it committed queued, and the representation last
-  announced of each run is the one the database holds.
+  published of each run is the one the database holds.
 
 The ``workers`` interface is a fake (through ``runs.domain.outside.connect``): its registry holds
 the attempts the machine claimed, takes a live command only for the attempt holding the
 claim as committed, and a cancel cancels that attempt's token. The ``changes`` port keeps
-what each announcement would push. Each example runs in a savepoint rolled back at its end,
+what each publication would push. Each example runs in a savepoint rolled back at its end,
 and the transaction's after-commit hooks run when each step's calls are done.
 
 Small by default; ``MODEL_EXAMPLES`` and ``MODEL_STEPS`` make it larger, e.g.
@@ -152,8 +152,8 @@ class FakeWorkers:
         pass
 
 
-class Announcements:
-    """The ``changes`` interface: the newest representation announced of each run."""
+class PublishedChanges:
+    """The ``changes`` interface: the newest representation published of each run."""
 
     def __init__(self, workers: FakeWorkers):
         self.latest: dict[str, dict] = {}
@@ -163,7 +163,7 @@ class Announcements:
         for run, event in changes:
             data = run_data(run)
             if data["version"] < event.version:
-                self.violations.append(f"run {run.id} announced at version {data['version']} "
+                self.violations.append(f"run {run.id} published at version {data['version']} "
                                        f"with event version {event.version}")
             known = self.latest.get(str(run.id))
             if known is None or data["version"] >= known["version"]:
@@ -234,8 +234,8 @@ class RunControl(RuleBasedStateMachine):
         super().__init__()
         TRIED["examples"] += 1
         self.workers = FakeWorkers()
-        self.announced = Announcements(self.workers)
-        outside.connect(workers=self.workers, changes=self.announced)
+        self.published = PublishedChanges(self.workers)
+        outside.connect(workers=self.workers, changes=self.published)
         self.savepoint = transaction.atomic()
         self.savepoint.__enter__()
         self.runs: dict[str, Model] = {}
@@ -637,7 +637,7 @@ class RunControl(RuleBasedStateMachine):
         self.tickets_open_once_and_stay_closed(tickets)
         self.every_request_is_recorded_and_every_end_names_who_asked(events, intents)
         self.children_of_an_ended_parent_end(runs, intents)
-        self.the_announced_representation_is_the_committed_one(runs)
+        self.the_published_representation_is_the_committed_one(runs)
 
     def the_database_is_the_model(self, runs, intents):
         for run_id, model in self.runs.items():
@@ -712,13 +712,13 @@ class RunControl(RuleBasedStateMachine):
                 assert child.state == ENDED or (child.state == RUNNING and pending), (
                     run_id, child.state)
 
-    def the_announced_representation_is_the_committed_one(self, runs):
+    def the_published_representation_is_the_committed_one(self, runs):
         for run_id, run in runs.items():
-            announced = dict(self.announced.latest[run_id])
+            published = dict(self.published.latest[run_id])
             committed = run_data(run)
-            for data in (announced, committed):
+            for data in (published, committed):
                 data.pop("duration")  # running time so far: it grows by itself
-            assert announced == committed, run_id
+            assert published == committed, run_id
 
 
 SETTINGS = hypothesis.settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,

@@ -300,7 +300,7 @@ def test_start_waits_for_start_after():
     assert services.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=5) is None
 
 
-# --- announcements happen after commit only --------------------------------------------------
+# --- changes are published after commit only ------------------------------------------------
 
 
 def test_every_transition_is_broadcast_after_commit(django_capture_on_commit_callbacks):
