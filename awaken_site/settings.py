@@ -129,7 +129,7 @@ def _database() -> dict:
     if config["ENGINE"] == "django.db.backends.sqlite3":
         config["OPTIONS"] = {
             # BEGIN IMMEDIATE: a transaction that locks a run and then writes it never
-            # fails half-way with "database is locked" (runs.services.core.locked_run).
+            # fails half-way with "database is locked" (runs.domain.core.locked_run).
             "transaction_mode": "IMMEDIATE",
             "timeout": 30,
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
@@ -411,7 +411,8 @@ AWAKEN_DB_THREADS = envnumber("AWAKEN_DB_THREADS", "8", minimum=1)
 AWAKEN_DISPATCH_CHUNK = envnumber("AWAKEN_DISPATCH_CHUNK", "50", minimum=1)
 # How long a live command waits for the owning worker's answer.
 AWAKEN_DELIVERY_TIMEOUT = envnumber("AWAKEN_DELIVERY_TIMEOUT", "1.0", kind=float, minimum=0.05)
-# The courier: the threads of each process that talk to the broker for the others
+# The broker threads (runs.workers.broker; the settings keep their first name, courier):
+# the threads of each process that talk to the broker for the others
 # (dispatches, live commands, health probes), and how many calls may wait for them.
 AWAKEN_COURIER_THREADS = envnumber("AWAKEN_COURIER_THREADS", "4", minimum=1)
 AWAKEN_COURIER_BACKLOG = envnumber("AWAKEN_COURIER_BACKLOG", "500", minimum=0)

@@ -1,9 +1,9 @@
 """The project wiring of the ``runs`` app: what Django runs once every model is loaded.
 
-It plugs the adapters into the domain's ports (``runs.domain.ports``) and loads the agents
-into the catalogue, in every process alike (web, worker, beat, commands, tests): the
-built-in demo agents, the modules of ``AWAKEN_AGENTS``, then the ``awaken.agents`` entry
-points of the installed packages.
+It plugs the adapters into the domain's two outside interfaces (``runs.domain.outside``)
+and loads the agents into the catalogue, in every process alike (web, worker, beat,
+commands, tests): the built-in demo agents, the modules of ``AWAKEN_AGENTS``, then the
+``awaken.agents`` entry points of the installed packages.
 """
 
 from importlib import import_module
@@ -23,12 +23,12 @@ class RunsConfig(AppConfig):
     def ready(self):
         # Imported here, not at the top: these modules use the models, which Django loads
         # only after this module.
-        from runs import changes
         from runs.agents import demo  # noqa: F401  (registers the demo agents)
-        from runs.domain import ports
-        from runs.wire import web_side
+        from runs.changes import publishing
+        from runs.domain import outside
+        from runs.workers import dispatch
 
-        ports.connect(workers=web_side, changes=changes)
+        outside.connect(workers=dispatch, changes=publishing)
         load_agents(settings.AWAKEN_AGENTS)
 
 

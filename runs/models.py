@@ -3,7 +3,7 @@ counts of failed key checks.
 
 Every invariant that can be stated over one row (or one table) is a named database
 constraint; the transitions that keep the cross-table ones true live in
-``runs.services`` and nowhere else.
+``runs.domain`` and nowhere else.
 """
 
 import uuid
@@ -184,7 +184,7 @@ class Run(models.Model):
                 name="runs_run_stop_iff_stopped",
             ),
             # The open ticket pointer is what makes "a ticket only on an awaiting run" a
-            # database fact (runs.services.runs.run_pause / run_resume keep it in step).
+            # database fact (runs.domain.runs.run_pause / run_resume keep it in step).
             models.CheckConstraint(
                 condition=(
                     Q(state=RunState.AWAITING, ticket__isnull=False)
@@ -204,7 +204,7 @@ class Run(models.Model):
                 ),
                 name="runs_run_claim_iff_running",
             ),
-            # Create with Idempotency-Key looks the key up per user (runs.services.run_create).
+            # Create with Idempotency-Key looks the key up per user (runs.domain.runs.run_create).
             models.UniqueConstraint(
                 fields=["created_by", "idempotency_key"],
                 condition=Q(idempotency_key__isnull=False),
@@ -212,7 +212,7 @@ class Run(models.Model):
             ),
         ]
         indexes = [
-            # The run list: newest first, optionally by state (runs.selectors.run_list).
+            # The run list: newest first, optionally by state (runs.domain.selectors.run_list).
             models.Index(fields=["-created_at", "-id"], name="runs_run_newest"),
             # The same order for each filter, to the last key, so no page needs a sort.
             models.Index(fields=["state", "-created_at", "-id"], name="runs_run_state_newest"),
@@ -220,7 +220,7 @@ class Run(models.Model):
             models.Index(fields=["thread_id", "-created_at", "-id"],
                          name="runs_run_thread_newest"),
             # And by end cause, which also lets several statuses at once (status=running,
-            # failed) read only the runs that match (runs.selectors.matching).
+            # failed) read only the runs that match (runs.domain.selectors.matching).
             models.Index(fields=["end_cause", "-created_at", "-id"],
                          name="runs_run_cause_newest"),
             # The sweeper re-dispatches queued runs whose broker message may be lost.
@@ -229,9 +229,10 @@ class Run(models.Model):
                 condition=Q(state=RunState.QUEUED),
                 name="runs_run_queued_dispatch",
             ),
-            # The run list sorted by start, end or running time, either way (runs.selectors
-            # .run_list: one index range per page, its NULLs read as a group of their own),
-            # and the overview's counts of runs started and ended in its window.
+            # The run list sorted by start, end or running time, either way
+            # (runs.domain.selectors.run_list: one index range per page, its NULLs read as a
+            # group of their own), and the overview's counts of runs started and ended in
+            # its window.
             models.Index(fields=["started_at", "id"], name="runs_run_started"),
             models.Index(fields=["ended_at", "id"], name="runs_run_ended"),
             models.Index(fields=["seconds_used", "id"], name="runs_run_seconds_used"),
@@ -302,7 +303,7 @@ class Attempt(models.Model):
             models.UniqueConstraint(
                 fields=["run", "generation"], name="runs_attempt_generation_unique"
             ),
-            # At most one attempt of a run is live (runs.services.attempts.attempt_start).
+            # At most one attempt of a run is live (runs.domain.attempts.attempt_start).
             models.UniqueConstraint(
                 fields=["run"],
                 condition=Q(state=AttemptState.LIVE),

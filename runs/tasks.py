@@ -4,10 +4,10 @@ from celery import shared_task
 
 from runs import domain
 from runs.runtime.executor import get_executor
-from runs.wire import web_side, worker_side
+from runs.workers import commands, dispatch
 
 
-@shared_task(bind=True, name=web_side.EXECUTE, ignore_result=True, max_retries=None)
+@shared_task(bind=True, name=dispatch.EXECUTE, ignore_result=True, max_retries=None)
 def execute(self, run_ids: list[str] | str) -> None:
     """Claim each run of ``run_ids`` and start its attempt on this worker's executor.
 
@@ -16,7 +16,7 @@ def execute(self, run_ids: list[str] | str) -> None:
     second. If the claim fails on an error, the runs stay queued and the sweeper sends
     them again.
     """
-    executor = get_executor(node=worker_side.node_name or self.request.hostname)
+    executor = get_executor(node=commands.node_name or self.request.hostname)
     run_ids = [run_ids] if isinstance(run_ids, str) else list(run_ids)
     room = executor.room
     if room:
@@ -30,10 +30,10 @@ def sweep() -> dict:
     return domain.sweep()
 
 
-@shared_task(bind=True, name=web_side.BULK, acks_late=True, ignore_result=True)
+@shared_task(bind=True, name=dispatch.BULK, acks_late=True, ignore_result=True)
 def bulk(self, job_id: str) -> None:
     """Handle the next runs of a bulk job; a job with runs left is sent on as a new message,
     so it holds a worker thread for one slice at a time. A redelivered or duplicated message
     finds the runs already handled and skips them."""
     if domain.bulk_job_run(job_id=job_id):
-        web_side.bulk_queued(job_id=job_id)
+        dispatch.bulk_queued(job_id=job_id)

@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 
 from runs import domain
-from runs.domain import activity, ports
+from runs.domain import activity, outside
 from runs.models import Activity, ActivityKind
 from runs.runtime.agent import Context
 from runs.runtime.token import CancellationToken
@@ -21,20 +21,20 @@ class Pushes:
     def __init__(self):
         self.sent = []
 
-    def activity(self, *, run_id, entries):
+    def publish_activity(self, *, run_id, entries):
         self.sent.append((str(run_id), entries))
 
-    def announce(self, *, changes):
+    def publish_changes(self, *, changes):
         pass
 
-    def bulk_changed(self, *, job):
+    def publish_bulk(self, *, job):
         pass
 
 
 @pytest.fixture
 def pushes(monkeypatch):
     recorder = Pushes()
-    monkeypatch.setattr(ports, "changes", recorder)
+    monkeypatch.setattr(outside, "changes", recorder)
     return recorder
 
 

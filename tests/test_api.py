@@ -43,7 +43,7 @@ def test_create_returns_the_run(op_client):
 def test_a_batch_creates_every_run_in_order_and_dispatches_each(
         op_client, monkeypatch, django_capture_on_commit_callbacks):
     sent = []
-    monkeypatch.setattr("runs.wire.web_side.runs_queued", lambda runs: sent.extend(runs))
+    monkeypatch.setattr("runs.workers.dispatch.runs_queued", lambda runs: sent.extend(runs))
     parent = queued_run()
     items = [{"agent": "demo.steps", "input": {"steps": 1}},
              {"agent": "demo.fail", "budget": {"max_steps": 2}, "thread_id": "t-1"},

@@ -12,7 +12,8 @@ from asgiref.sync import async_to_sync
 from django.utils import timezone
 
 from runs import domain
-from runs.changes import Outbox, stream
+from runs.changes.outbox import Outbox
+from runs.changes.stream import stream
 from runs.domain import bulk as bulk_domain
 from runs.domain.errors import InvalidRequest
 from runs.models import BulkItem, BulkJob, ControlIntent, Event, EventKind, Run, RunState
@@ -26,8 +27,8 @@ pytestmark = pytest.mark.django_db
 def sent(monkeypatch):
     """The jobs handed to workers: the tests play the worker."""
     jobs = []
-    monkeypatch.setattr("runs.wire.web_side.bulk_queued", lambda job_id: jobs.append(job_id))
-    monkeypatch.setattr("runs.wire.web_side.signal", lambda **kwargs: None)
+    monkeypatch.setattr("runs.workers.dispatch.bulk_queued", lambda job_id: jobs.append(job_id))
+    monkeypatch.setattr("runs.workers.dispatch.send_command", lambda **kwargs: None)
     return jobs
 
 

@@ -1,4 +1,4 @@
-"""The change stream of one process (runs/changes.py): one subscription, kept alive past the
+"""The change stream of one process (runs/changes/): one subscription, kept alive past the
 channel layer's group expiry, feeding sockets that cannot hold each other up."""
 
 import asyncio
@@ -15,7 +15,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from awaken_site.settings import channel_prefix, redis_channel_layer
-from runs.changes import Outbox, stream
+from runs.changes.outbox import Outbox
+from runs.changes.stream import stream
 
 versions = itertools.count(1)
 

@@ -32,7 +32,7 @@ class Host:
         self.activity_log.append(entry)
 
     async def before_step(self, ctx):
-        ctx._check()
+        ctx.check()
 
     async def commit_step(self, ctx, *, tokens, data):
         self.commits.append({"tokens": tokens, "data": data, "state": copy.deepcopy(ctx.state)})
@@ -257,7 +257,9 @@ def test_two_tools_of_one_name_are_refused():
 
 
 def test_live_output_reaches_only_the_sockets_of_its_run():
-    from runs.changes import Outbox, publish_output, stream
+    from runs.changes.outbox import Outbox
+    from runs.changes.publishing import publish_output
+    from runs.changes.stream import stream
 
     async def body():
         own, every, other = [], [], []

@@ -14,13 +14,13 @@ from django.test.utils import CaptureQueriesContext
 
 from awaken_site.asgi import application
 from runs import domain as services
-from runs.changes import stream
+from runs.changes.stream import stream
 from runs.domain import selectors
 from runs.domain.keys import api_key_issue
 from runs.domain.representation import SNAPSHOT_BYTES
 from runs.domain.selectors import SNAPSHOT_SIZE
 from runs.models import ApiKey, Event
-from runs.sockets.guard import guard
+from runs.sockets.recheck import rechecks
 from tests.conftest import api_key_for, browser_for, make_user
 from tests.factories import queued_run
 
@@ -317,13 +317,13 @@ def test_a_socket_leaves_the_change_stream_however_it_ends(viewer, monkeypatch):
         raise RuntimeError("the replay broke")
 
     async def body():
-        before, watched = stream.followers(), guard.watched()
+        before, watched = stream.followers(), rechecks.checked()
         closed, _, _ = await connect("/ws/runs/", headers)
         await closed.receive_json_from(timeout=5)
         crashed, _, _ = await connect("/ws/runs/", headers)
         await crashed.receive_json_from(timeout=5)
         assert stream.followers() == before + 2
-        assert guard.watched() == watched + 2
+        assert rechecks.checked() == watched + 2
 
         await closed.disconnect()
         assert stream.followers() == before + 1
@@ -333,7 +333,7 @@ def test_a_socket_leaves_the_change_stream_however_it_ends(viewer, monkeypatch):
         with pytest.raises(RuntimeError, match="the replay broke"):
             await crashed.receive_output(timeout=5)
         assert stream.followers() == before
-        assert guard.watched() == watched
+        assert rechecks.checked() == watched
 
     run_async(body)
 
@@ -449,7 +449,7 @@ def test_a_socket_is_closed_once_its_pass_no_longer_holds(viewer, settings, how,
     headers = [HOST, ORIGIN, cookie] if credential == "session" else [token_header(viewer)]
 
     async def body():
-        followers, watched = stream.followers(), guard.watched()
+        followers, watched = stream.followers(), rechecks.checked()
         communicator, connected, _ = await connect("/ws/runs/", headers)
         assert connected
         await communicator.receive_json_from(timeout=5)
@@ -459,7 +459,7 @@ def test_a_socket_is_closed_once_its_pass_no_longer_holds(viewer, settings, how,
         closed = await communicator.receive_output(timeout=5)
         assert closed == {"type": "websocket.close", "code": 4003}
         assert stream.followers() == followers
-        assert guard.watched() == watched
+        assert rechecks.checked() == watched
         await communicator.disconnect()
 
     run_async(body)

@@ -58,11 +58,11 @@ def test_pause_and_delivery_to_a_run_without_a_live_attempt_are_not_active():
     with pytest.raises(NotActive):
         domain.run_pause(run_id=run.id, actor="olga", source="api")
     with pytest.raises(NotActive):
-        domain.run_deliver(run_id=run.id, command="wake", actor="olga", source="api")
+        domain.run_live_command(run_id=run.id, command="wake", actor="olga", source="api")
     assert db_state() == before
 
 
 def test_an_unknown_live_command_is_refused():
     run = queued_run()
     with pytest.raises(InvalidRequest):
-        domain.run_deliver(run_id=run.id, command="explode", actor="olga", source="api")
+        domain.run_live_command(run_id=run.id, command="explode", actor="olga", source="api")

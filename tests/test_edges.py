@@ -18,7 +18,7 @@ from runs.models import Attempt, ControlIntent, Event, Run, RunState
 from runs.runtime.agent import Context
 from runs.runtime.registry import Entry, Registry
 from runs.runtime.token import CancellationToken, Why
-from runs.wire import worker_side
+from runs.workers import commands
 from tests.conftest import client_for, db_state, make_user
 from tests.factories import OWNER, awaiting_run, queued_run, running_run
 
@@ -50,7 +50,7 @@ class FakeExecutor:
 @pytest.fixture
 def executor(monkeypatch):
     fake = FakeExecutor()
-    monkeypatch.setattr(worker_side, "current_executor", lambda: fake)
+    monkeypatch.setattr(commands, "current_executor", lambda: fake)
     return fake
 
 
@@ -60,17 +60,17 @@ def test_a_live_command_to_a_re_queued_attempt_is_not_active(executor):
     executor.registry.register(entry)
     expire(run)
     assert domain.sweep()["requeued"] == 1  # the claim is gone; the registry still has it
-    assert not worker_side.deliver(str(run.id), generation, "pause", actor="olga")
+    assert not commands.apply_command(str(run.id), generation, "pause", actor="olga")
     assert not entry.pause_requested.is_set()
-    assert not worker_side.deliver(str(run.id), generation, "cancel")
+    assert not commands.apply_command(str(run.id), generation, "cancel")
     assert not entry.token.cancelled
 
 
-def test_a_live_command_to_the_claim_holder_is_delivered(executor):
+def test_a_live_command_to_the_claim_holder_is_applied(executor):
     run, generation = running_run()
     entry = Entry(str(run.id), generation, CancellationToken())
     executor.registry.register(entry)
-    assert worker_side.deliver(str(run.id), generation, "cancel", actor="olga")
+    assert commands.apply_command(str(run.id), generation, "cancel", actor="olga")
     assert entry.token.why.actor == "olga"
 
 
@@ -78,7 +78,7 @@ def test_a_command_that_arrives_before_its_attempt_registers_waits_for_it(execut
     run, generation = running_run()  # claimed: the claim commits before registration
     entry = Entry(str(run.id), generation, CancellationToken())
     threading.Timer(0.05, executor.registry.register, args=(entry,)).start()
-    assert worker_side.deliver(str(run.id), generation, "cancel")
+    assert commands.apply_command(str(run.id), generation, "cancel")
     assert entry.token.cancelled
 
 
@@ -136,7 +136,7 @@ def test_a_worker_renews_chunk_by_chunk_and_judges_every_attempt(monkeypatch):
         assert domain.sweep()["requeued"] == 1
         domain.run_cancel(run_id=asked.run_id, actor="olga", source="api")
 
-        asyncio.run_coroutine_threadsafe(executor.renew(), executor.loop).result(10)
+        asyncio.run_coroutine_threadsafe(executor.leases.renew(), executor.loop).result(10)
     finally:
         executor.close()
     assert lost.token.why.kind == "fenced"
@@ -332,7 +332,7 @@ def test_pause_of_a_run_that_ends_before_its_boundary_is_not_active(api, monkeyp
         domain.attempt_finish(run_id=run.id, generation=generation,
                               ending=domain.Ending.completed())
 
-    monkeypatch.setattr("runs.wire.web_side.deliver", attempt_ends_instead)
+    monkeypatch.setattr("runs.workers.dispatch.send_command_and_wait", attempt_ends_instead)
     response = api.post(f"/api/runs/{run.id}/pause/?wait=0")
     assert response.status_code == 409
     body = response.json()
@@ -369,12 +369,12 @@ def test_inbox_items_arrive_in_order_and_a_wake_is_an_empty_item():
     loop = asyncio.new_event_loop()
     entry = Entry(str(uuid.uuid4()), 1, CancellationToken(), loop=loop)
     registry.register(entry)
-    assert registry.deliver(entry.run_id, 1, "message", message={"n": 1}) is entry
-    assert registry.deliver(entry.run_id, 1, "wake") is entry
-    assert registry.deliver(entry.run_id, 2, "message", message={"n": 2}) is None
+    assert registry.apply(entry.run_id, 1, "message", message={"n": 1}) is entry
+    assert registry.apply(entry.run_id, 1, "wake") is entry
+    assert registry.apply(entry.run_id, 2, "message", message={"n": 2}) is None
     assert [item.message for item in entry.inbox] == [{"n": 1}, None]
     entry.token.cancel(Why("command"))
-    assert registry.deliver(entry.run_id, 1, "message", message={"n": 3}) is None
+    assert registry.apply(entry.run_id, 1, "message", message={"n": 3}) is None
     loop.close()
 
 
@@ -389,6 +389,12 @@ def test_abandoned_blocking_tools_are_counted_and_past_the_cap_fail_at_once():
     executor = Executor(node="edges", lease_seconds=3600, tool_threads=2, db_threads=1)
     release = threading.Event()
 
+    class ToolHost:  # the part of the host interface a tool call uses
+        run_sync_tool = executor.tool_threads.run
+
+        def activity(self, ctx, entry):
+            pass
+
     def blocking_tool(started: threading.Event) -> bool:
         started.set()
         return release.wait(30)
@@ -396,7 +402,7 @@ def test_abandoned_blocking_tools_are_counted_and_past_the_cap_fail_at_once():
     async def call_tool(cancel: bool):
         token, started = CancellationToken(), threading.Event()
         ctx = Context(run_id="r", generation=1, input={}, state={}, resume=None, token=token,
-                      host=executor)
+                      host=ToolHost())
         call = asyncio.ensure_future(ctx.tool(blocking_tool, started))
         if cancel:
             await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
@@ -409,11 +415,11 @@ def test_abandoned_blocking_tools_are_counted_and_past_the_cap_fail_at_once():
     for _ in range(2):
         with pytest.raises(Interrupted):
             on_loop(cancel=True)
-    assert executor.abandoned_tools == 2
+    assert executor.tool_threads.abandoned == 2
     with pytest.raises(ToolsExhausted):
         on_loop(cancel=False)
     release.set()  # the abandoned threads return and give their slots back
-    wait_until(lambda: executor.abandoned_tools == 0, 10, "the abandoned tools to return")
+    wait_until(lambda: executor.tool_threads.abandoned == 0, 10, "the abandoned tools to return")
     assert on_loop(cancel=False) is True
     executor.close()
 
@@ -437,14 +443,15 @@ def test_a_live_cancel_taken_while_a_pause_commits_is_not_lost():
     executor = Executor(node="edges-pause", lease_seconds=3600, db_threads=2)
     run, generation = running_run()
     token = CancellationToken()
+    view = selectors.attempt_view(run=run, generation=generation)
+    host = executor.host_for(Entry(str(run.id), generation, token, loop=executor.loop), view)
     ctx = Context(run_id=str(run.id), generation=generation, input={}, state={}, resume=None,
-                  token=token, host=executor)
-    ctx.entry = Entry(str(run.id), generation, token, loop=executor.loop)
+                  token=token, host=host)
     token.cancel(Why("command", actor="olga", source="api", at=timezone.now()))
 
     try:
         asyncio.run_coroutine_threadsafe(
-            executor.pause(ctx, reason="manual_pause", prompt=None), executor.loop).result(10)
+            host.pause(ctx, reason="manual_pause", prompt=None), executor.loop).result(10)
     finally:
         executor.close()
     run = Run.objects.select_related("control").get(pk=run.id)

@@ -55,7 +55,7 @@ def test_every_service_that_takes_json_refuses_it_and_changes_nothing(value):
         lambda: services.runs_create(runs=[{"agent": "demo.steps", "input": value}]),
         lambda: services.run_resume(run_id=awaiting.id, ticket_id=ticket, input=value,
                                     actor="olga", source="cli"),
-        lambda: services.run_deliver(run_id=queued.id, command="message", message=value,
+        lambda: services.run_live_command(run_id=queued.id, command="message", message=value,
                                      actor="olga", source="cli"),
     ]
     for call in calls:

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def no_worker_takes_the_runs(monkeypatch):
-    monkeypatch.setattr("runs.wire.web_side.runs_queued", lambda **kwargs: None)
+    monkeypatch.setattr("runs.workers.dispatch.runs_queued", lambda **kwargs: None)
 
 
 def counted() -> dict:

@@ -23,12 +23,12 @@ model, and SPEC §7 is checked on what committed:
 * generations only increase; each run's events have versions 1..n in increasing ``seq``,
   and no event is ever changed or removed;
 * a run is handed to a worker only once it committed queued, and the representation last
-  announced of each run is the one the database holds.
+  published of each run is the one the database holds.
 
-The ``workers`` port is a fake (through ``runs.domain.ports.connect``): its registry holds
+The ``workers`` interface is a fake (through ``runs.domain.outside.connect``): its registry holds
 the attempts the machine claimed, takes a live command only for the attempt holding the
 claim as committed, and a cancel cancels that attempt's token. The ``changes`` port keeps
-what each announcement would push. Each example runs in a savepoint rolled back at its end,
+what each publication would push. Each example runs in a savepoint rolled back at its end,
 and the transaction's after-commit hooks run when each step's calls are done.
 
 Small by default; ``MODEL_EXAMPLES`` and ``MODEL_STEPS`` make it larger, e.g.
@@ -62,7 +62,7 @@ from hypothesis.stateful import (
 )
 
 from runs import domain
-from runs.domain import ports
+from runs.domain import outside
 from runs.domain.representation import run_data
 from runs.models import (
     Attempt,
@@ -97,7 +97,7 @@ QUEUED, RUNNING, AWAITING, ENDED = (RunState.QUEUED, RunState.RUNNING, RunState.
                                     RunState.ENDED)
 
 
-# --- the ports ------------------------------------------------------------------------------
+# --- the outside interfaces -----------------------------------------------------------------
 
 
 @dataclass
@@ -109,7 +109,7 @@ class FakeAttempt:
 
 
 class FakeWorkers:
-    """The ``workers`` port: the attempts the test plays, by ``(run_id, generation)``."""
+    """The ``workers`` interface: the attempts the test plays, by ``(run_id, generation)``."""
 
     def __init__(self):
         self.attempts: dict[tuple[str, int], FakeAttempt] = {}
@@ -123,8 +123,8 @@ class FakeWorkers:
                 self.violations.append(f"run {run_id} handed to a worker but not queued")
             self.queued.append(str(run_id))
 
-    def deliver(self, *, run_id, generation, owner, command, actor=None, source=None,
-                message=None) -> None:
+    def send_command_and_wait(self, *, run_id, generation, owner, command, actor=None,
+                              source=None, message=None) -> None:
         attempt = self.attempts.get((str(run_id), generation))
         # As a durable host does: the claim is checked as committed before delivery.
         holds = owner is not None and Run.objects.filter(
@@ -138,7 +138,8 @@ class FakeWorkers:
         else:
             attempt.inbox.append(message)
 
-    def signal(self, *, run_id, generation, owner, command, actor=None, source=None) -> None:
+    def send_command(self, *, run_id, generation, owner, command, actor=None,
+                     source=None) -> None:
         if not ControlIntent.objects.filter(run_id=run_id, requested_by=actor,
                                             source=source).exists():
             self.violations.append(f"a {command} signal to run {run_id} before its intent")
@@ -151,24 +152,24 @@ class FakeWorkers:
         pass
 
 
-class Announcements:
-    """The ``changes`` port: the newest representation announced of each run."""
+class PublishedChanges:
+    """The ``changes`` interface: the newest representation published of each run."""
 
     def __init__(self, workers: FakeWorkers):
         self.latest: dict[str, dict] = {}
         self.violations = workers.violations
 
-    def announce(self, *, changes) -> None:
+    def publish_changes(self, *, changes) -> None:
         for run, event in changes:
             data = run_data(run)
             if data["version"] < event.version:
-                self.violations.append(f"run {run.id} announced at version {data['version']} "
+                self.violations.append(f"run {run.id} published at version {data['version']} "
                                        f"with event version {event.version}")
             known = self.latest.get(str(run.id))
             if known is None or data["version"] >= known["version"]:
                 self.latest[str(run.id)] = data
 
-    def bulk_changed(self, *, job) -> None:
+    def publish_bulk(self, *, job) -> None:
         pass
 
 
@@ -189,11 +190,12 @@ def report_the_count(request):
 
 
 @pytest.fixture
-def ports_restored():
-    """The machine plugs fakes into the ports; the real adapters come back afterwards."""
-    workers, changes = ports.workers, ports.changes
+def outside_restored():
+    """The machine plugs fakes into the outside interfaces; the real adapters come back
+    afterwards."""
+    workers, changes = outside.workers, outside.changes
     yield
-    ports.connect(workers=workers, changes=changes)
+    outside.connect(workers=workers, changes=changes)
 
 
 # --- the reference model --------------------------------------------------------------------
@@ -232,8 +234,8 @@ class RunControl(RuleBasedStateMachine):
         super().__init__()
         TRIED["examples"] += 1
         self.workers = FakeWorkers()
-        self.announced = Announcements(self.workers)
-        ports.connect(workers=self.workers, changes=self.announced)
+        self.published = PublishedChanges(self.workers)
+        outside.connect(workers=self.workers, changes=self.published)
         self.savepoint = transaction.atomic()
         self.savepoint.__enter__()
         self.runs: dict[str, Model] = {}
@@ -600,9 +602,9 @@ class RunControl(RuleBasedStateMachine):
     @precondition(lambda self: self.runs)
     @rule(pick=PICK, command=st.sampled_from(["cancel", "pause", "wake", "message"]),
           actor=st.sampled_from(ACTORS))
-    def deliver(self, pick, command, actor):
+    def send_live_command(self, pick, command, actor):
         run = self.pick(pick, RUNNING)
-        answer, _ = self.call(lambda: domain.run_deliver(
+        answer, _ = self.call(lambda: domain.run_live_command(
             run_id=run.id, command=command, actor=actor, source="api",
             message={"hello": actor} if command == "message" else None))
         # Nothing durable: a live command changes no committed state.
@@ -635,7 +637,7 @@ class RunControl(RuleBasedStateMachine):
         self.tickets_open_once_and_stay_closed(tickets)
         self.every_request_is_recorded_and_every_end_names_who_asked(events, intents)
         self.children_of_an_ended_parent_end(runs, intents)
-        self.the_announced_representation_is_the_committed_one(runs)
+        self.the_published_representation_is_the_committed_one(runs)
 
     def the_database_is_the_model(self, runs, intents):
         for run_id, model in self.runs.items():
@@ -710,13 +712,13 @@ class RunControl(RuleBasedStateMachine):
                 assert child.state == ENDED or (child.state == RUNNING and pending), (
                     run_id, child.state)
 
-    def the_announced_representation_is_the_committed_one(self, runs):
+    def the_published_representation_is_the_committed_one(self, runs):
         for run_id, run in runs.items():
-            announced = dict(self.announced.latest[run_id])
+            published = dict(self.published.latest[run_id])
             committed = run_data(run)
-            for data in (announced, committed):
+            for data in (published, committed):
                 data.pop("duration")  # running time so far: it grows by itself
-            assert announced == committed, run_id
+            assert published == committed, run_id
 
 
 SETTINGS = hypothesis.settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
@@ -725,6 +727,6 @@ SETTINGS = hypothesis.settings(max_examples=EXAMPLES, stateful_step_count=STEPS,
 
 
 @pytest.mark.timeout(max(300, EXAMPLES * STEPS // 4))
-def test_the_services_keep_the_model_and_spec_7(ports_restored, settings):
+def test_the_services_keep_the_model_and_spec_7(outside_restored, settings):
     settings.AWAKEN_MAX_CRASH_RETRIES = MAX_CRASH_RETRIES
     run_state_machine_as_test(RunControl, settings=SETTINGS)

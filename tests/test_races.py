@@ -27,7 +27,7 @@ def threads_are_the_only_actors(settings, monkeypatch):
     # The threads below play every part, the attempts included: no queued run may reach a
     # worker process another test started, and a live delivery finds nobody to answer
     # (the recorded intent is what these tests are about), so do not wait a second for it.
-    monkeypatch.setattr("runs.wire.web_side.runs_queued", lambda **kwargs: None)
+    monkeypatch.setattr("runs.workers.dispatch.runs_queued", lambda **kwargs: None)
     settings.AWAKEN_DELIVERY_TIMEOUT = 0.01
 
 

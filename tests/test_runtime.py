@@ -126,18 +126,18 @@ def test_a_command_for_another_generation_is_not_active():
     registry = Registry()
     current = entry(generation=2)
     registry.register(current)
-    assert registry.deliver("r", 1, "cancel") is None
+    assert registry.apply("r", 1, "cancel") is None
     assert not current.token.cancelled
-    assert registry.deliver("r", 2, "cancel", actor="olga") is current
+    assert registry.apply("r", 2, "cancel", actor="olga") is current
     assert current.token.why.actor == "olga"
-    assert registry.deliver("r", 2, "cancel") is None  # already cancelled: nothing to do
-    assert registry.deliver("nope", None, "wake") is None
+    assert registry.apply("r", 2, "cancel") is None  # already cancelled: nothing to do
+    assert registry.apply("nope", None, "wake") is None
 
 
 def test_pause_sets_the_signal_observed_at_the_next_boundary():
     registry = Registry()
     current = entry()
     registry.register(current)
-    registry.deliver("r", 1, "pause", actor="olga")
+    registry.apply("r", 1, "pause", actor="olga")
     assert current.pause_requested.is_set() and current.pause_actor == "olga"
     assert not current.token.cancelled

@@ -300,11 +300,11 @@ def test_start_waits_for_start_after():
     assert services.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=5) is None
 
 
-# --- announcements happen after commit only --------------------------------------------------
+# --- changes are published after commit only ------------------------------------------------
 
 
 def test_every_transition_is_broadcast_after_commit(django_capture_on_commit_callbacks):
-    with mock.patch("runs.changes.stream.publish") as send:
+    with mock.patch("runs.changes.stream.stream.publish") as send:
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
             run = queued_run()
         assert send.call_count == 0  # nothing before the commit
@@ -325,8 +325,8 @@ def test_a_failure_after_commit_never_undoes_or_fails_the_request(monkeypatch):
     def broker_down(**kwargs):
         raise ConnectionError("broker down")
 
-    monkeypatch.setattr("runs.wire.web_side.runs_queued", broker_down)
-    monkeypatch.setattr("runs.changes.stream.publish", lambda *a, **k: broker_down())
+    monkeypatch.setattr("runs.workers.dispatch.runs_queued", broker_down)
+    monkeypatch.setattr("runs.changes.stream.stream.publish", lambda *a, **k: broker_down())
     run, created = services.run_create(agent="demo.steps")  # dispatch and broadcast both fail
     assert created and Run.objects.get(pk=run.id).state == RunState.QUEUED
 
@@ -341,14 +341,14 @@ def test_a_bulk_import_writes_whole_histories():
 
 
 def test_due_runs_go_to_workers_in_chunks_and_later_ones_alone(settings, monkeypatch):
-    from runs.wire import web_side
+    from runs.workers import dispatch
 
     sent = []
-    monkeypatch.setattr("runs.wire.web_side.current_app.send_task",
+    monkeypatch.setattr("runs.workers.dispatch.current_app.send_task",
                         lambda name, args, eta=None, **kwargs: sent.append((args[0], eta)))
     settings.AWAKEN_DISPATCH_CHUNK = 8
     later = timezone.now() + timedelta(hours=1)
-    web_side.send_runs(runs=[(n, None) for n in range(19)] + [(99, later)])
+    dispatch.send_runs(runs=[(n, None) for n in range(19)] + [(99, later)])
     assert sent == [([str(n) for n in range(8)], None),
                     ([str(n) for n in range(8, 16)], None),
                     (["16", "17", "18"], None),

@@ -238,7 +238,7 @@ class RunDeliverView(ControlView):
         """Live only: no intent is written and nothing durable happens if it is NotActive."""
         selectors.run_get(run_id)  # 404 before 400
         data = validated(s.DeliverSerializer, request)
-        run = domain.run_deliver(run_id=run_id, command=data["command"],
+        run = domain.run_live_command(run_id=run_id, command=data["command"],
                                  message=data.get("message"), actor=actor(request),
                                  source=source(request))
         return Response({"delivered": True, "generation": run.generation})

@@ -10,11 +10,11 @@ run as the request committed it is all the wait needs to start from, with no rea
 import time
 from contextlib import contextmanager
 
-from runs.changes import stream
+from runs.changes.stream import stream
 from runs.domain import selectors
 from runs.domain.representation import run_data
 from runs.models import Run, RunState
-from runs.wire.web_side import release_database
+from runs.workers.broker import release_database
 
 SUBSCRIBE_SECONDS = 2.0  # how long a wait waits for the stream to subscribe
 

@@ -3,7 +3,7 @@
 Every write to run state goes through the functions exported here, and nothing else writes
 it. Views, sockets, the admin, commands, tasks and the worker runtime call them; this
 package imports none of those, nor Celery, Channels or the REST framework (what it needs
-from them goes through ``runs.domain.ports``).
+from them goes through ``runs.domain.outside``).
 """
 
 from runs.domain.attempts import (
@@ -45,7 +45,7 @@ from runs.domain.runs import (
     ControlResult,
     run_cancel,
     run_create,
-    run_deliver,
+    run_live_command,
     run_pause,
     run_rerun,
     run_resume,
@@ -90,7 +90,7 @@ __all__ = [
     "locked_run",
     "run_cancel",
     "run_create",
-    "run_deliver",
+    "run_live_command",
     "run_pause",
     "run_rerun",
     "run_resume",

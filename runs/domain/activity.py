@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from runs.domain import ports
+from runs.domain import outside
 from runs.domain.representation import activity_data
 from runs.models import Activity, ActivityKind, Run
 
@@ -56,7 +56,7 @@ def activity_record(*, run_id, generation: int, entries: list[dict]) -> list[Act
         rows = _append(run_id, generation, cleaned)
         if rows:
             transaction.on_commit(partial(
-                ports.changes.activity, run_id=run_id,
+                outside.changes.publish_activity, run_id=run_id,
                 entries=[activity_data(row) for row in rows]), robust=True)
         return rows
 

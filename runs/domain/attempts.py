@@ -14,7 +14,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from runs.domain import ports, sql
+from runs.domain import outside, sql
 from runs.domain.bulk import bulk_jobs_resend
 from runs.domain.core import (
     Ending,
@@ -312,7 +312,7 @@ def runs_redispatch(*, older_than: float, limit: int = 100) -> list:
                               ).update(dispatched_at=now):
             sent.append(run_id)
     if sent:
-        ports.workers.runs_queued(runs=[(run_id, None) for run_id in sent])
+        outside.workers.runs_queued(runs=[(run_id, None) for run_id in sent])
     return sent
 
 

@@ -20,7 +20,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from runs.domain import ports
+from runs.domain import outside
 from runs.domain.core import after_commit
 from runs.domain.errors import BulkJobNotFound, InvalidRequest, ServiceError
 from runs.domain.runs import _clean_reason, run_cancel, run_stop
@@ -36,7 +36,7 @@ from runs.models import (
     RunState,
 )
 
-CHUNK = 50  # runs read at once; progress is announced after each chunk
+CHUNK = 50  # runs read at once; progress is published after each chunk
 
 
 def bulk_selection(*, ids: list | None = None, criteria: dict | None = None) -> list:
@@ -94,8 +94,8 @@ def bulk_create(*, action: str, reason: str | None = None, ids: list | None = No
             filter=None if criteria is None else plain(criteria))
         BulkItem.objects.bulk_create([BulkItem(job=job, run_id=run_id) for run_id in selected],
                                      batch_size=1000)
-        after_commit(ports.workers.bulk_queued, job_id=job.id)
-        after_commit(ports.changes.bulk_changed, job=job)
+        after_commit(outside.workers.bulk_queued, job_id=job.id)
+        after_commit(outside.changes.publish_bulk, job=job)
     return job
 
 
@@ -128,7 +128,7 @@ def bulk_job_run(*, job_id, budget: int = 500) -> bool:
             if not _handle(job_id, item_id, run_id):
                 return False
         handled += len(chunk)
-        ports.changes.bulk_changed(job=BulkJob.objects.get(pk=job_id))
+        outside.changes.publish_bulk(job=BulkJob.objects.get(pk=job_id))
     return True
 
 
@@ -142,7 +142,7 @@ def _begin(job_id) -> bool:
             job.started_at = job.heartbeat_at = timezone.now()
             job.version += 1
             job.save(update_fields=["state", "started_at", "heartbeat_at", "version"])
-            after_commit(ports.changes.bulk_changed, job=job)
+            after_commit(outside.changes.publish_bulk, job=job)
     return True
 
 
@@ -193,7 +193,7 @@ def _complete(job_id) -> None:
         job.finished_at = timezone.now()
         job.version += 1
         job.save(update_fields=["state", "finished_at", "version"])
-        after_commit(ports.changes.bulk_changed, job=job)
+        after_commit(outside.changes.publish_bulk, job=job)
 
 
 def bulk_job_abort(*, job_id, actor: str) -> BulkJob:
@@ -209,7 +209,7 @@ def bulk_job_abort(*, job_id, actor: str) -> BulkJob:
             job.aborted_by = actor
             job.version += 1
             job.save(update_fields=["state", "finished_at", "aborted_by", "version"])
-            after_commit(ports.changes.bulk_changed, job=job)
+            after_commit(outside.changes.publish_bulk, job=job)
     return job
 
 
@@ -225,7 +225,7 @@ def bulk_jobs_resend(*, older_than: float, limit: int = 100) -> list:
     for job_id, heartbeat_at in stale:
         if BulkJob.objects.filter(pk=job_id, state__in=LIVE_BULK_STATES,
                                   heartbeat_at=heartbeat_at).update(heartbeat_at=now):
-            ports.workers.bulk_queued(job_id=job_id)
+            outside.workers.bulk_queued(job_id=job_id)
             sent.append(job_id)
     return sent
 

@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
 
-from runs.domain import ports, sql
+from runs.domain import outside, sql
 from runs.domain.errors import RunNotFound
 from runs.models import (
     AppliedVia,
@@ -109,7 +109,7 @@ def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, s
     """Bump the version of each locked run of ``runs``, write its ``fields`` and one
     ``kind`` event for it, and the writes ``also``: one statement on PostgreSQL. With
     ``children_of``, the same statement reads the ids of that run's children that have not
-    ended. Returns ``(events, child ids)``; each run is announced with its event once the
+    ended. Returns ``(events, child ids)``; each run is published with its event once the
     transaction commits."""
     events = []
     for run in runs:
@@ -123,7 +123,7 @@ def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, s
     if children_of is not None:
         parts.append(sql.Keys(Run, {"parent": children_of.pk}, {"state": RunState.ENDED}))
     children = sql.write(*parts)
-    after_commit(ports.changes.announce, changes=list(zip(runs, events, strict=True)))
+    after_commit(outside.changes.publish_changes, changes=list(zip(runs, events, strict=True)))
     return events, children
 
 
@@ -139,7 +139,7 @@ def record_created(runs: list[Run], *, actor: str | None, source: str) -> None:
                               generation=run.generation, actor=actor, source=source,
                               data=_created_data(run)))
     sql.write(sql.Insert(tuple(runs)), sql.Insert(tuple(events)))
-    after_commit(ports.changes.announce, changes=list(zip(runs, events, strict=True)))
+    after_commit(outside.changes.publish_changes, changes=list(zip(runs, events, strict=True)))
 
 
 def _created_data(run: Run) -> dict:
@@ -166,7 +166,7 @@ def after_commit(fn, /, **kwargs) -> None:
 
 def dispatch_after_commit(*runs: Run) -> None:
     """Hand the queued ``runs`` to workers once the transaction commits."""
-    after_commit(ports.workers.runs_queued, runs=[(run.id, run.start_after) for run in runs])
+    after_commit(outside.workers.runs_queued, runs=[(run.id, run.start_after) for run in runs])
 
 
 def pending_intent(run: Run) -> ControlIntent | None:
@@ -336,24 +336,24 @@ def end_children(parent: Run, *, actor: str | None, source: str | None,
                                stop_code=None, actor=actor or source or "worker",
                                source=source or Source.WORKER, caused_by_id=parent.pk)
         if child.state == RunState.RUNNING:
-            signal_end_after_commit(child, intent)
+            send_cancel_after_commit(child, intent)
         else:
             finish(child, Ending.cancelled(), actor=intent.requested_by, source=intent.source,
                    via=AppliedVia.DURABLE)
 
 
-def signal_end_after_commit(run: Run, intent: ControlIntent) -> None:
+def send_cancel_after_commit(run: Run, intent: ControlIntent) -> None:
     """Once the intent commits, tell the run's attempt at once."""
-    after_commit(_signal_end, run_id=run.id, generation=run.generation, owner=run.owner,
+    after_commit(_send_cancel, run_id=run.id, generation=run.generation, owner=run.owner,
                  actor=intent.requested_by, source=intent.source)
 
 
-def _signal_end(*, run_id, generation: int, owner: str, actor: str, source: str) -> None:
+def _send_cancel(*, run_id, generation: int, owner: str, actor: str, source: str) -> None:
     """The live signal only shortens the wait, and nobody waits for it: if it is not taken,
     the attempt learns of the intent at its next lease renewal, or the sweeper applies it
     when the lease expires."""
-    ports.workers.signal(run_id=run_id, generation=generation, owner=owner, command="cancel",
-                         actor=actor, source=source)
+    outside.workers.send_command(run_id=run_id, generation=generation, owner=owner,
+                                 command="cancel", actor=actor, source=source)
 
 
 def release_claim(run: Run, reason: str, *, now) -> list[str]:

@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from runs.domain import activity, limits, ports, sql
+from runs.domain import activity, limits, outside, sql
 from runs.domain.catalogue import CATALOGUE
 from runs.domain.core import (
     Ending,
@@ -22,7 +22,7 @@ from runs.domain.core import (
     record_created,
     record_intent,
     record_joined,
-    signal_end_after_commit,
+    send_cancel_after_commit,
 )
 from runs.domain.errors import (
     IdempotencyConflict,
@@ -316,7 +316,7 @@ def _request_end(*, run_id, action, reason, stop_code, actor, source) -> Control
         intent = record_intent(run, action=action, reason=reason, stop_code=stop_code,
                                actor=actor, source=source)
         if run.state == RunState.RUNNING:
-            signal_end_after_commit(run, intent)
+            send_cancel_after_commit(run, intent)
             return ControlResult(run, "live", intent)
         finish(run, Ending.from_intent(intent), actor=actor, source=source,
                via=AppliedVia.DURABLE)
@@ -327,7 +327,7 @@ LIVE_COMMANDS = ("cancel", "pause", "wake", "message")
 MAX_MESSAGE_BYTES = 64 * 1024
 
 
-def run_deliver(*, run_id, command: str, actor: str, source: str, message=None) -> Run:
+def run_live_command(*, run_id, command: str, actor: str, source: str, message=None) -> Run:
     """Send a live command to the run's live attempt, as committed now; nothing durable.
 
     No intent is written and nothing happens later if it is not taken: NotActive when the
@@ -343,7 +343,7 @@ def run_deliver(*, run_id, command: str, actor: str, source: str, message=None) 
     elif message is not None:
         raise InvalidRequest(f"A {command} carries no message.", field="message")
     run = run_get(run_id)  # the claim as committed: no owner unless it is running
-    ports.workers.deliver(run_id=run.id, generation=run.generation, owner=run.owner,
+    outside.workers.send_command_and_wait(run_id=run.id, generation=run.generation, owner=run.owner,
                           command=command, actor=actor, source=source, message=message)
     return run
 
@@ -352,7 +352,7 @@ def run_pause(*, run_id, actor: str, source: str) -> Run:
     """Ask a running run to pause at its next step boundary (a live signal; the run moves
     to ``awaiting`` with a ticket when its attempt reaches the boundary). NotActive when it
     is not running."""
-    run = run_deliver(run_id=run_id, command="pause", actor=actor, source=source)
+    run = run_live_command(run_id=run_id, command="pause", actor=actor, source=source)
     # Taken, not yet done: the run's activity says so until the pause commits.
     activity.control_taken(run_id=run.id, generation=run.generation, command="pause",
                            actor=actor, source=source)

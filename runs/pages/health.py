@@ -1,7 +1,7 @@
 """What /healthz reports, found out in the background and kept for a moment.
 
 A burst of health checks must not wedge the process (SPEC §8): the database and the broker
-are probed on the courier, at most one probe at a time per process, and a check answers
+are probed on a broker thread, at most one probe at a time per process, and a check answers
 from the newest result within ``ANSWER_WITHIN`` seconds whatever the probe is doing. No
 request thread holds a pooled database connection or waits on the broker for it.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from runs.wire import web_side
+from runs.workers.broker import broker_and_workers, broker_threads, release_database
 
 FRESH_FOR = 2.0  # seconds a result is reused before a new probe is started
 ANSWER_WITHIN = 0.8  # seconds a check waits for a probe in flight
@@ -43,8 +43,8 @@ class Prober:
             fresh = latest is not None and time.monotonic() - latest.at < FRESH_FOR
             if not fresh and probing is None:
                 probing = self._probing = threading.Event()
-                if web_side.courier().post(self._probe, done=probing) is None:
-                    self._probing = None  # the courier is full: answer with what is known
+                if broker_threads().post(self._probe, done=probing) is None:
+                    self._probing = None  # no broker thread is free: answer with what is known
         if not fresh and probing is not None:
             probing.wait(ANSWER_WITHIN)
         with self._lock:
@@ -53,10 +53,10 @@ class Prober:
             return Health("down", "unknown", 0, time.monotonic())
         return latest
 
-    def _probe(self, *, done: threading.Event) -> None:  # on a courier thread
+    def _probe(self, *, done: threading.Event) -> None:  # on a broker thread
         try:
             db = database_answers()
-            broker, workers = web_side.broker_and_workers() if db == "ok" else ("unknown", 0)
+            broker, workers = broker_and_workers() if db == "ok" else ("unknown", 0)
             with self._lock:
                 self._latest = Health(db, broker, workers, time.monotonic())
         finally:
@@ -73,7 +73,7 @@ def database_answers() -> str:
     except Exception:
         return "down"
     finally:
-        web_side.release_database()
+        release_database()
 
 
 prober = Prober()

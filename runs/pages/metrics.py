@@ -4,7 +4,7 @@ What the database knows (runs by state, pending intents, time to stop by path, l
 expiries) is read at scrape time, so every web process reports the same, whole-system
 figures. The totals are kept by the database as changes commit (``runs.domain.totals``),
 so a scrape costs the same with a thousand runs or a million. What happens inside one
-process (NotActive answers, ``runs.wire.web_side``) is counted by that process.
+process (NotActive answers, ``runs.workers.dispatch``) is counted by that process.
 """
 
 from datetime import timedelta

@@ -18,6 +18,7 @@ from typing import Any
 
 from runs.domain.catalogue import register
 from runs.providers.client import ProviderError, Reply, ToolCall
+from runs.runtime.host import Host
 from runs.runtime.output import LiveOutput
 from runs.runtime.token import CancellationToken, Why
 from runs.runtime.tools import Tool, Toolbox, as_tool, tool
@@ -58,22 +59,28 @@ class Agent:
 
 
 class Context:
-    """One attempt's view of its run. Created by the executor; agents only use it."""
+    """One attempt's view of its run. Created by the executor; agents only use it.
+
+    Everything that needs the world outside the agent goes through ``host``, the
+    interface of ``runs.runtime.host``; the context adds the racing of every wait against
+    ``token``, step bookkeeping and the recording of model calls and tools.
+    """
 
     def __init__(self, *, run_id, generation: int, input: dict, state: dict | None,
-                 resume: tuple[str, Any] | None, token: CancellationToken, host):
+                 resume: tuple[str, Any] | None, token: CancellationToken, host: "Host",
+                 usage: dict | None = None):
         self.run_id = run_id
         self.generation = generation
         self.input = input
         self.state: dict = dict(state or {})
         self.token = token
+        # The run's steps and tokens as last committed: set by the host at each commit.
+        self.usage: dict | None = usage
         self._resume = resume  # (ticket reason, resume input) when this attempt follows a resume
-        self._host = host  # the executor's side: commits, pause signal, children, pools
+        self._host = host
         self._step_tokens = 0
         self._step_data: dict = {}  # what the step's event records: replies, tool calls
         self._output: LiveOutput | None = None
-        self.activity_pending: list[dict] = []  # entries the host has yet to write
-        self.activity_writer = None  # the host's task that writes them
 
     # --- the activity log ----------------------------------------------------------------
 
@@ -81,14 +88,16 @@ class Context:
         """Write a line to the run's activity log, shown live on its page (``data``: a few
         small JSON fields to go with it). Not committed with a step: kept even if the step
         is not, and never read back by the run."""
-        self._activity("log", text=str(text), data=data or None)
+        self.record_activity("log", text=str(text), data=data or None)
 
     def progress(self, done: int, total: int | None = None, text: str = "") -> None:
         """Say how far the run is: the page shows "step ``done`` of ``total``"."""
-        self._activity("progress", text=text,
+        self.record_activity("progress", text=text,
                        data={"done": int(done), "total": None if total is None else int(total)})
 
-    def _activity(self, kind: str, **entry) -> None:
+    def record_activity(self, kind: str, **entry) -> None:
+        """Hand an entry of ``kind`` (log, progress, step, model, tool, error) to the host
+        for the run's activity log, stamped now unless ``entry`` has its own ``at``."""
         self._host.activity(self, {"kind": kind, "at": _now(), **entry})
 
     # --- steps -----------------------------------------------------------------------
@@ -102,11 +111,11 @@ class Context:
         self._step_data = {}
         started, at = time.perf_counter(), _now()
         yield
-        self._check()
+        self.check()
         await self._host.commit_step(self, tokens=self._step_tokens,
                                      data=self._step_data or None)
-        steps = (getattr(self, "usage", None) or {}).get("steps")
-        self._activity("step", at=at, text=f"step {steps}" if steps else "step",
+        steps = (self.usage or {}).get("steps")
+        self.record_activity("step", at=at, text=f"step {steps}" if steps else "step",
                        ms=(time.perf_counter() - started) * 1000, tokens=self._step_tokens)
 
     # --- waits, each raced against the token --------------------------------------------
@@ -117,7 +126,7 @@ class Context:
         result = await self.race(call() if callable(call) else call)
         used = getattr(result, "tokens", None) or tokens
         self._step_tokens += used
-        self._activity("model", at=at, text=getattr(result, "model", None) or "inference",
+        self.record_activity("model", at=at, text=getattr(result, "model", None) or "inference",
                        ms=(time.perf_counter() - started) * 1000, tokens=used)
         return result
 
@@ -131,7 +140,7 @@ class Context:
         as the provider counts them, go into the step's usage, and the answer into the
         step's event when the step commits. ``tools``: functions, ``Tool``s or spec dicts.
         """
-        self._check()
+        self.check()
         specs = [item if isinstance(item, dict) else as_tool(item).spec()
                  for item in tools or ()]
         live = self._live_output().open() if stream else None
@@ -150,7 +159,7 @@ class Context:
             live.close(keep=True)
         self._step_tokens += reply.tokens
         self._step_data.setdefault("replies", []).append(_reply_record(reply))
-        self._activity("model", at=at, text=reply.model or model or "model",
+        self.record_activity("model", at=at, text=reply.model or model or "model",
                        ms=reply.seconds * 1000, tokens=reply.tokens, data={
                            "finish_reason": reply.finish_reason, "tries": reply.tries,
                            **({"tools": [call.name for call in reply.tool_calls]}
@@ -217,7 +226,7 @@ class Context:
             if "ok" in record:
                 record["ms"] = round((time.perf_counter() - started) * 1000, 2)
                 self._step_data.setdefault("tools", []).append(record)
-                self._activity("tool", at=at, text=name, ms=record["ms"], data={
+                self.record_activity("tool", at=at, text=name, ms=record["ms"], data={
                     "ok": record["ok"], **({"error": record["error"]}
                                            if "error" in record else {})})
 
@@ -266,7 +275,7 @@ class Context:
     # --- the live inbox ------------------------------------------------------------------
 
     async def receive(self):
-        """The next message delivered to this attempt's live inbox (``deliver`` with
+        """The next message sent to this attempt's live inbox (the live command
         ``message``), or None for a wake. Waits for one, racing the token; a pause asked
         meanwhile is taken here. The inbox is live: it is not kept across attempts."""
         return await self._host.receive(self)
@@ -292,14 +301,15 @@ class Context:
 
     async def spawn(self, agent: str, input: dict | None = None):
         """Start a child run in this process under a child token; returns its run id."""
-        self._check()
+        self.check()
         return await self._host.spawn(self, agent, input or {})
 
     async def wait_children(self) -> list[dict]:
         """Wait for every child started by this attempt; returns their committed ends."""
         return await self.race(self._host.wait_children(self))
 
-    def _check(self) -> None:
+    def check(self) -> None:
+        """Raise ``Interrupted`` now if the attempt's token is cancelled."""
         if self.token.cancelled:
             raise Interrupted(self.token.why)
 

@@ -1,8 +1,8 @@
 """The active-attempt registry: per worker process, run id -> the live attempt's handles.
 
-It is the only in-process lookup for cancel, pause, wake and inbox delivery. Entries carry
-their generation: a command for another generation is NotActive, and a stale attempt's
-cleanup can never remove its replacement.
+It is the only in-process lookup for the live commands (cancel, pause, wake, message).
+Entries carry their generation: a command for another generation is NotActive, and a stale
+attempt's cleanup can never remove its replacement.
 """
 
 import asyncio
@@ -54,7 +54,7 @@ class Entry:
 
 @dataclass(frozen=True)
 class InboxItem:
-    message: object  # the delivered JSON; None for a wake
+    message: object  # the JSON sent with the command; None for a wake
 
 
 class Registry:
@@ -102,10 +102,12 @@ class Registry:
         with self._registered:
             return self._registered.wait_for(registered, timeout)
 
-    def deliver(self, run_id: str, generation: int | None, command: str, *,
-                actor: str | None = None, source: str | None = None,
-                message=None) -> Entry | None:
-        """Deliver a live command; None means NotActive (nothing changed)."""
+    def apply(self, run_id: str, generation: int | None, command: str, *,
+              actor: str | None = None, source: str | None = None,
+              message=None) -> Entry | None:
+        """Apply a live command to the registered attempt: cancel its token, ask it to
+        pause, wake it or post a message to its inbox. None means NotActive (nothing
+        changed)."""
         entry = self.get(run_id, generation)
         if entry is None or entry.token.cancelled:
             return None

@@ -10,7 +10,7 @@ from datetime import datetime
 class Why:
     """Why a token was cancelled.
 
-    ``kind`` is ``command`` (a cancel delivered live or found on lease renewal), ``budget``
+    ``kind`` is ``command`` (a cancel applied live or found on lease renewal), ``budget``
     (``code`` names it), ``fenced`` (the attempt lost its claim) or ``parent``.
     """
 

@@ -5,7 +5,8 @@ a snapshot, then forward each committed change. They write nothing. A client may
 ``resume`` after the last ``seq`` it saw; the server replays committed events from the
 events table. Anything else a client sends is answered with an error, and the socket stays
 open. Everything a socket sends goes through its outbox, which bounds what a client that does
-not read can hold; however a socket ends, it leaves the change stream and the guard.
+not read can hold; however a socket ends, it leaves the change stream and
+the socket rechecks.
 """
 
 import json
@@ -14,12 +15,13 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from runs.changes import Outbox, stream
+from runs.changes.outbox import Outbox
+from runs.changes.stream import stream
 from runs.domain import selectors
 from runs.domain.errors import RunNotFound
 from runs.domain.roles import is_viewer
 from runs.sockets.flow import SCOPE_KEY as FLOW
-from runs.sockets.guard import REVOKED, Pass, guard
+from runs.sockets.recheck import REVOKED, Admission, rechecks
 
 MAX_COMMAND_CHARS = 1024  # a resume is some 40
 MAX_SEQ = 2**63 - 1  # seq is a bigint
@@ -55,7 +57,7 @@ def error_text(detail: str) -> str:
 
 
 class RunsConsumer(AsyncWebsocketConsumer):
-    # No channel of its own: the process's one subscription (runs.changes) receives each
+    # No channel of its own: the process's one subscription (runs.changes.stream) receives each
     # change once and puts it in the outbox of every local socket that follows it.
     channel_layer_alias = None
     outbox = None
@@ -85,25 +87,26 @@ class RunsConsumer(AsyncWebsocketConsumer):
                              max_bytes=settings.AWAKEN_SOCKET_BUFFER_BYTES,
                              writable=flow.writable if flow is not None else None,
                              write_now=flow.write_now if flow is not None else None)
-        guard.add(self, self.granted(user))
+        rechecks.add(self, self.admission(user))
         # Follow before the snapshot is read: a commit in between is sent after it (it may
         # be in the snapshot too; clients keep the newest version of each run).
         await stream.join(self.outbox, self.run_id)
         self.outbox.release(await database_sync_to_async(selectors.socket_snapshot)(
             run_id=self.run_id))
 
-    def granted(self, user) -> Pass:
+    def admission(self, user) -> Admission:
         session = self.scope.get("session")
         token_id = self.scope.get("awaken.token")
-        return Pass(user.pk, session_key=session.session_key if token_id is None else None,
-                    token_id=token_id)
+        return Admission(user.pk,
+                         session_key=session.session_key if token_id is None else None,
+                         token_id=token_id)
 
     async def disconnect(self, code):
         self.forget()
 
     def forget(self) -> None:
-        """Leave the change stream and the guard; once, however the socket ends."""
-        guard.discard(self)
+        """Leave the change stream and the rechecks; once, however the socket ends."""
+        rechecks.discard(self)
         if self.outbox is not None:
             stream.leave(self.outbox, self.run_id)
             self.outbox.close()
@@ -132,7 +135,7 @@ class RunsConsumer(AsyncWebsocketConsumer):
         await self.close(code=FELL_BEHIND)
 
     async def revoke(self) -> None:
-        """The socket's pass no longer holds (logout, deactivation, lost role or token)."""
+        """The socket's admission no longer holds (logout, deactivation, lost role or token)."""
         self.forget()
         await self.close(code=REVOKED)
 

@@ -1,10 +1,12 @@
-"""Open sockets answer to the same checks as a new handshake, again and again.
+"""Rechecks of open sockets: each answers to the same checks as a new handshake, again and
+again.
 
 A socket is let in once, at its handshake; its user may log out, be deactivated, lose their
 role or have their token deleted afterwards, in this process or in any other. So every
-``AWAKEN_SOCKET_RECHECK_SECONDS`` each web process checks the passes of all its open sockets
-at once, against the database (a few queries whatever their number), and closes those that
-no longer hold (code 4003). A check that does not answer within its deadline keeps the
+``AWAKEN_SOCKET_RECHECK_SECONDS`` each web process checks the admissions of all its open
+sockets at once (what let each in: its user, and the session or token that proved it),
+against the database (a few queries whatever their number), and closes those that no
+longer hold (code 4003). A check that does not answer within its deadline keeps the
 sockets open until the next one: the database is where logouts are recorded.
 """
 
@@ -24,10 +26,10 @@ from runs.sockets.auth import token_users
 
 log = logging.getLogger(__name__)
 
-REVOKED = 4003  # the close code of a socket whose pass no longer holds
+REVOKED = 4003  # the close code of a socket whose admission no longer holds
 
 
-class Pass(NamedTuple):
+class Admission(NamedTuple):
     """What let a socket in: its user, and the session or the token that proved it."""
 
     user_id: int
@@ -62,41 +64,41 @@ def session_users(keys) -> dict:
     return alive
 
 
-def revoked(passes: set[Pass]) -> set[Pass]:
-    """The passes of ``passes`` that no longer let anyone in."""
-    readers = viewers({p.user_id for p in passes})
-    sessions = session_users({p.session_key for p in passes if p.session_key is not None})
-    tokens = token_users({p.token_id for p in passes if p.token_id is not None})
-    return {p for p in passes if p.user_id not in readers or not (
+def revoked(admissions: set[Admission]) -> set[Admission]:
+    """The ones of ``admissions`` that no longer let anyone in."""
+    readers = viewers({p.user_id for p in admissions})
+    sessions = session_users({p.session_key for p in admissions if p.session_key is not None})
+    tokens = token_users({p.token_id for p in admissions if p.token_id is not None})
+    return {p for p in admissions if p.user_id not in readers or not (
         (p.session_key is not None and sessions.get(p.session_key) == p.user_id)
         or (p.token_id is not None and tokens.get(p.token_id) == p.user_id))}
 
 
-class Guard:
-    """The open sockets of this process, by event loop (daphne has one), each with its pass
+class SocketRechecks:
+    """The open sockets of this process, by event loop (daphne has one), each with its admission
     and a ``revoke()`` coroutine that closes it."""
 
     def __init__(self):
         self._sockets: dict[asyncio.AbstractEventLoop, dict] = {}
         self._tasks: dict[asyncio.AbstractEventLoop, asyncio.Task] = {}
 
-    def add(self, socket, granted: Pass) -> None:
+    def add(self, socket, admission: Admission) -> None:
         loop = asyncio.get_running_loop()
-        self._sockets.setdefault(loop, {})[socket] = granted
+        self._sockets.setdefault(loop, {})[socket] = admission
         task = self._tasks.get(loop)
         if task is None or task.done():
-            self._tasks[loop] = loop.create_task(self._watch(loop))
+            self._tasks[loop] = loop.create_task(self._recheck(loop))
 
     def discard(self, socket) -> None:
         members = self._sockets.get(asyncio.get_running_loop())
         if members is not None:
             members.pop(socket, None)
 
-    def watched(self) -> int:
+    def checked(self) -> int:
         """How many open sockets of this process are checked."""
         return sum(len(members) for members in self._sockets.values())
 
-    async def _watch(self, loop) -> None:
+    async def _recheck(self, loop) -> None:
         members = self._sockets[loop]
         check = None
         try:
@@ -110,11 +112,11 @@ class Guard:
                 done, _ = await asyncio.wait({check}, timeout=max(
                     5.0, settings.AWAKEN_SOCKET_RECHECK_SECONDS))
                 if not done or check.exception() is not None:
-                    log.warning("checking the passes of open sockets failed or timed out",
+                    log.warning("checking the admissions of open sockets failed or timed out",
                                 exc_info=check.exception() if done else None)
                     continue
-                for socket, granted in current.items():
-                    if granted in check.result() and members.pop(socket, None) is not None:
+                for socket, admission in current.items():
+                    if admission in check.result() and members.pop(socket, None) is not None:
                         await socket.revoke()
         finally:
             if self._tasks.get(loop) is asyncio.current_task():
@@ -123,4 +125,4 @@ class Guard:
                 self._sockets.pop(loop, None)
 
 
-guard = Guard()
+rechecks = SocketRechecks()

@@ -1,4 +1,4 @@
-"""The worker side of the wire: live commands arrive here as a Celery remote-control command.
+"""Live commands arrive in a worker here, as a Celery remote-control command, and are applied.
 
 It runs in the worker's main process, where the executor and its active-attempt registry
 live. A command reaches an attempt only if the attempt is registered here under the
@@ -33,13 +33,18 @@ def remember_node_name(sender, **kwargs):
           ("source", str)],
     signature="<run_id> <generation> <cancel|pause|wake|message> [actor] [source] [message]",
 )
-def awaken_deliver(state, run_id, generation, command, actor=None, source=None,
+def awaken_command(state, run_id, generation, command, actor=None, source=None,
                    message=None):
-    return {"delivered": deliver(run_id, generation, command, actor=actor, source=source,
-                                 message=message), "generation": generation}
+    """The command sent by ``runs.workers.dispatch``; the answer says whether it was
+    applied (the web side waits for it only when it asked for one)."""
+    return {"applied": apply_command(run_id, generation, command, actor=actor,
+                                     source=source, message=message),
+            "generation": generation}
 
 
-def deliver(run_id, generation: int, command: str, **details) -> bool:
+def apply_command(run_id, generation: int, command: str, **details) -> bool:
+    """Apply a live command to attempt ``generation`` of the run if it lives here and still
+    holds the claim; whether it was applied."""
     executor = current_executor()
     if executor is None:
         return False
@@ -53,4 +58,4 @@ def deliver(run_id, generation: int, command: str, **details) -> bool:
         return False
     if executor.registry.get(run_id, generation) is None:
         executor.registry.wait_for(run_id, generation, REGISTRATION_WAIT)
-    return executor.registry.deliver(run_id, generation, command, **details) is not None
+    return executor.registry.apply(run_id, generation, command, **details) is not None

@@ -1,0 +1,71 @@
+"""The REST side of the stream: a request thread's watch of one run's next committed change.
+
+A thread that waits for a run's change registers its watch before it reads the run, so no
+commit slips between its read and its wake-up. The stream offers each committed run it
+receives to the watches of that run (``Watches.offer``); a watch keeps the newest version.
+"""
+
+import threading
+from contextlib import contextmanager
+
+from runs.domain import selectors
+from runs.domain.representation import run_data
+
+
+class Watch:
+    """The newest committed snapshot of one run pushed since the watch began. ``live`` is
+    False while the stream has no subscription: no push will come."""
+
+    def __init__(self, live: bool):
+        self._changed = threading.Event()
+        self._lock = threading.Lock()
+        self.run: dict | None = None
+        self.live = live
+
+    def offer(self, run: dict) -> None:
+        with self._lock:
+            # Pushes can arrive out of order; never step back to an older version.
+            if self.run is None or run["version"] > self.run["version"]:
+                self.run = run
+        self._changed.set()
+
+    def next(self, timeout: float) -> dict | None:
+        """Wait up to ``timeout`` for a push; the newest snapshot, or None on time-out. A run
+        pushed truncated is read whole: the caller answers with the run as the API shows it."""
+        if not self._changed.wait(timeout):
+            return None
+        self._changed.clear()
+        with self._lock:
+            run = self.run
+        if run is not None and run.get("truncated"):
+            run = run_data(selectors.run_get(run["id"]))
+        return run
+
+
+class Watches:
+    """The watches of this process, by run id; registered and offered from any thread."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_run: dict[str, set[Watch]] = {}
+
+    @contextmanager
+    def watch(self, run_id, *, live: bool):
+        key = str(run_id)
+        watch = Watch(live)
+        with self._lock:
+            self._by_run.setdefault(key, set()).add(watch)
+        try:
+            yield watch
+        finally:
+            with self._lock:
+                waiting = self._by_run.get(key)
+                if waiting is not None:
+                    waiting.discard(watch)
+                    if not waiting:
+                        del self._by_run[key]
+
+    def of(self, run_id) -> list[Watch]:
+        """The watches of one run now."""
+        with self._lock:
+            return list(self._by_run.get(run_id, ()))

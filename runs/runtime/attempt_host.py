@@ -1,0 +1,112 @@
+"""The worker's host of one attempt: the ``Host`` interface (``runs.runtime.host``) made real.
+
+One is made for each attempt the executor runs. It holds what the host side knows of the
+attempt (its registry entry, its view of the run as claimed, its activity writer) and
+reaches the process's shared parts through the executor's public attributes: the loop's
+database threads, the tool threads, the children, the provider client.
+"""
+
+from runs import domain
+from runs.changes.publishing import publish_output
+from runs.domain.errors import Fenced
+from runs.runtime.activity_writer import ActivityWriter
+from runs.runtime.agent import BudgetExceeded, Context, Paused
+from runs.runtime.registry import Entry
+from runs.runtime.token import Why
+
+
+class AttemptHost:
+    def __init__(self, executor, entry: Entry, view):
+        self.executor = executor
+        self.entry = entry
+        self.view = view  # runs.domain.selectors.AttemptView: the run as claimed
+        self.db = executor.worker_loop.db
+        self.activity_log = ActivityWriter(run_id=entry.run_id, generation=entry.generation,
+                                           db=self.db)
+        self.output_per_second = executor.output_per_second
+
+    # --- steps -----------------------------------------------------------------------
+
+    async def before_step(self, ctx: Context) -> None:
+        ctx.check()
+        if self.entry.pause_requested.is_set():
+            await self.pause(ctx, reason="manual_pause", prompt=None,
+                             source=self.entry.pause_source)
+            raise Paused()
+        view = self.view
+        if view.max_steps is not None and ctx.usage["steps"] >= view.max_steps:
+            raise BudgetExceeded("max_steps", f"Step budget of {view.max_steps} reached.")
+        if view.max_tokens is not None and ctx.usage["tokens"] >= view.max_tokens:
+            raise BudgetExceeded("max_tokens", f"Token budget of {view.max_tokens} reached.")
+
+    async def commit_step(self, ctx: Context, *, tokens: int, data: dict | None = None) -> None:
+        try:
+            run = await self.db(domain.attempt_step, run_id=ctx.run_id,
+                                generation=ctx.generation, tokens=tokens, agent_state=ctx.state,
+                                data=data)
+        except Fenced:
+            ctx.token.cancel(Why("fenced"))
+            raise
+        ctx.usage = {"steps": run.steps, "tokens": run.tokens}
+
+    # --- pauses and the live inbox ---------------------------------------------------------
+
+    async def pause(self, ctx: Context, *, reason: str, prompt, schema=None,
+                    source: str | None = None) -> None:
+        """Pause the run: asked by the agent (``wait_for_input``: the worker's doing), or
+        an operator's pause taken at a step boundary, in that operator's name and source."""
+        await self.activity_log.flushed()
+        ticket = await self.db(domain.attempt_pause, run_id=ctx.run_id,
+                               generation=ctx.generation, reason=reason, prompt=prompt,
+                               schema=schema, agent_state=ctx.state,
+                               actor=self.entry.pause_actor if source else None,
+                               source=source or "worker")
+        why = ctx.token.why
+        if ticket is not None and why is not None and why.kind == "command":
+            # A live-only cancel (no intent) taken while the pause committed: the run is
+            # awaiting now, so the cancel goes the durable path instead of being lost.
+            await self.db(domain.run_cancel, run_id=ctx.run_id, actor=why.actor or "worker",
+                          source=why.source or "worker")
+
+    async def receive(self, ctx: Context):
+        """The next inbox item of the attempt: a message, or None for a wake. Waits for one,
+        racing the token; a pause asked meanwhile is taken here, as at a step boundary."""
+        entry = self.entry
+        while True:
+            if entry.pause_requested.is_set():
+                await self.before_step(ctx)
+            item = entry.take()
+            if item is not None:
+                return item.message
+            await ctx.race(entry.arrival())
+
+    # --- the activity log --------------------------------------------------------------
+
+    def activity(self, ctx: Context, entry: dict) -> None:
+        self.activity_log.add(entry)
+
+    # --- child runs --------------------------------------------------------------------
+
+    async def spawn(self, ctx: Context, agent: str, input: dict):
+        return await self.executor.children.spawn(
+            parent_id=ctx.run_id, parent_generation=ctx.generation, token=ctx.token,
+            agent=agent, input=input)
+
+    async def wait_children(self, ctx: Context) -> list[dict]:
+        return await self.executor.children.wait(parent_id=ctx.run_id,
+                                                 parent_generation=ctx.generation)
+
+    # --- the model provider and live output ------------------------------------------------
+
+    @property
+    def provider(self):
+        return self.executor.provider
+
+    def publish_output(self, run_id: str, text: str) -> None:
+        """Push a live output message of the attempt to the sockets of its run."""
+        publish_output(run_id=run_id, text=text)
+
+    # --- blocking tools ----------------------------------------------------------------
+
+    async def run_sync_tool(self, fn, *args, **kwargs):
+        return await self.executor.tool_threads.run(fn, *args, **kwargs)

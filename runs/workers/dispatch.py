@@ -1,0 +1,135 @@
+"""What the web side sends to the workers: the domain's ``workers`` port.
+
+Queued runs and bulk jobs go as Celery task messages; a live command goes as a Celery
+remote-control command to the one worker node named on the run's claim, where
+``runs.workers.commands`` applies it. Every broker call is made on a broker thread
+(``runs.workers.broker``), never on the caller's. A failure here loses nothing: the sweeper
+re-sends lost dispatches, and a pending intent reaches its attempt on the next lease
+renewal or is applied when the lease expires.
+"""
+
+import logging
+
+from celery import current_app
+from django.conf import settings
+from django.utils import timezone
+from prometheus_client import Counter
+
+from runs.domain.errors import NotActive
+from runs.workers.broker import broker_threads
+
+log = logging.getLogger(__name__)
+
+EXECUTE = "runs.execute"  # the worker side's task (runs.tasks.execute), sent by name
+BULK = "runs.bulk"  # the task that carries out a bulk job (runs.tasks.bulk)
+COMMAND = "awaken_command"  # the remote-control command of runs.workers.commands
+
+NOT_ACTIVE = Counter("awaken_not_active", "Live commands this process sent that were answered "
+                     "NotActive (no live attempt, or its owner did not take it).", ["command"])
+
+
+# --- dispatch ---------------------------------------------------------------------------------
+
+
+def runs_queued(*, runs) -> None:
+    """Runs became queued: hand each ``(run_id, start_after)`` to a worker, from a broker
+    thread (the caller does not wait). A dispatch no broker thread has room for is sent
+    again by the sweeper, as a lost message would be."""
+    if broker_threads().post(send_runs, runs=list(runs)) is None:
+        log.warning("broker threads full: %d queued run(s) left for the sweeper", len(runs))
+
+
+def send_runs(*, runs) -> None:
+    """Send the task messages of ``runs`` over one broker connection. Runs due now go in
+    messages of up to ``AWAKEN_DISPATCH_CHUNK`` runs (the worker claims each on its own); a
+    run that starts later goes alone, at its time."""
+    now = timezone.now()
+    due = [str(run_id) for run_id, start_after in runs if not start_after or start_after <= now]
+    later = [(str(run_id), start_after) for run_id, start_after in runs
+             if start_after and start_after > now]
+    size = settings.AWAKEN_DISPATCH_CHUNK
+    app = current_app
+    try:
+        with app.producer_or_acquire() as producer:
+            for first in range(0, len(due), size):
+                app.send_task(EXECUTE, args=[due[first:first + size]], producer=producer)
+            for run_id, start_after in later:
+                app.send_task(EXECUTE, args=[[run_id]], eta=start_after, producer=producer)
+    except Exception:
+        log.warning("dispatch of %d run(s) failed; the sweeper sends them again", len(runs),
+                    exc_info=True)
+
+
+def bulk_queued(*, job_id) -> None:
+    """Hand a bulk job to a worker, from a broker thread. A message that is not sent is sent
+    again by the sweeper, which watches the jobs that make no progress."""
+    if broker_threads().post(send_bulk, job_id=str(job_id)) is None:
+        log.warning("broker threads full: bulk job %s left for the sweeper", job_id)
+
+
+def send_bulk(*, job_id: str) -> None:
+    try:
+        current_app.send_task(BULK, args=[job_id])
+    except Exception:
+        log.warning("bulk job %s not sent; the sweeper sends it again", job_id, exc_info=True)
+
+
+# --- live commands ----------------------------------------------------------------------------
+
+
+def owner_node(owner: str) -> str:
+    """The Celery node name in an attempt owner ("node:pid")."""
+    return owner.rsplit(":", 1)[0]
+
+
+def send_command_and_wait(*, run_id, generation: int, owner: str | None, command: str,
+                          actor: str | None = None, source: str | None = None,
+                          message=None) -> None:
+    """Send a live command to attempt ``generation`` held by ``owner`` (the run's claim as
+    committed), waiting at most ``AWAKEN_DELIVERY_TIMEOUT`` for its answer.
+
+    Raises NotActive when nothing holds the claim, its owner does not take the command
+    (another generation, a finished attempt, a worker that is gone) or no answer comes in
+    time. Nothing is retried.
+    """
+    if owner is not None:
+        timeout = settings.AWAKEN_DELIVERY_TIMEOUT
+        try:
+            if broker_threads().call(_ask_owner, timeout=timeout + 0.25,
+                                     node=owner_node(owner),
+                                     arguments={"run_id": str(run_id),
+                                                "generation": generation, "command": command,
+                                                "actor": actor, "source": source,
+                                                "message": message}):
+                return
+        except TimeoutError:
+            log.info("run %s: no answer to %s in time", run_id, command)
+    NOT_ACTIVE.labels(command).inc()
+    if owner is None:
+        raise NotActive(f"Run {run_id} has no live attempt.")
+    raise NotActive(f"The attempt of run {run_id} did not take the {command}.")
+
+
+def send_command(*, run_id, generation: int, owner: str, command: str,
+                 actor: str | None = None, source: str | None = None) -> None:
+    """Send a live command and wait for nobody: the durable path stands behind it. No answer
+    is asked for, so the worker sends none."""
+    broker_threads().post(_ask_owner, node=owner_node(owner), reply=False,
+                          arguments={"run_id": str(run_id), "generation": generation,
+                                     "command": command, "actor": actor, "source": source})
+
+
+def _ask_owner(*, node: str, arguments: dict, reply: bool = True) -> bool:
+    """On a broker thread: the remote-control command to one worker node, and its answer
+    (whether the attempt took it) if ``reply``."""
+    threads = broker_threads()
+    try:
+        replies = current_app.control.broadcast(
+            COMMAND, arguments=arguments, destination=[node], reply=reply, limit=1,
+            timeout=settings.AWAKEN_DELIVERY_TIMEOUT, connection=threads.broker()) or []
+    except Exception:
+        threads.forget_broker()
+        log.warning("live %s for run %s not sent", arguments["command"], arguments["run_id"],
+                    exc_info=True)
+        return False
+    return any(answer.get("applied") for reply in replies for answer in reply.values())
