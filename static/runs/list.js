@@ -310,8 +310,8 @@ function listPage(table) {
       return;
     }
     const budget = {};
-    for (const name of ["max_steps", "max_seconds", "max_tokens"]) {
-      if (form[name].value) budget[name] = Number(form[name].value);
+    for (const field of form.querySelectorAll("[data-budget]")) {  // the server's budgets
+      if (field.value) budget[field.name] = Number(field.value);
     }
     submit.disabled = true;
     try {
