@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from runs.domain.errors import InvalidRequest
+from runs.domain.text import ELLIPSIS, clipped
 
 # The deepest nesting of arrays and objects a stored value (or a request body) may have.
 MAX_DEPTH = 64
@@ -65,9 +66,9 @@ def _check_text(text: str, field: str, path: tuple, what: str = "") -> None:
 def _refused(field: str, path: tuple, problem: str) -> InvalidRequest:
     """The error for ``problem`` at ``path`` under ``field`` (its first steps). Only keys
     already checked are named, so the message itself is always valid text."""
-    steps = [*([field] if field else []), *(str(step)[:40] for step in path[:6])]
+    steps = [*([field] if field else []), *(clipped(str(step), 40) for step in path[:6])]
     if len(path) > 6:
-        steps.append("…")
+        steps.append(ELLIPSIS)
     where = ".".join(steps)
     if not where:
         return InvalidRequest(f"The body {problem}.")

@@ -32,6 +32,7 @@ from runs.domain.errors import (
 )
 from runs.domain.schemas import check_input
 from runs.domain.selectors import run_get, ticket_get
+from runs.domain.text import short_id
 from runs.models import (
     AppliedVia,
     ControlAction,
@@ -340,7 +341,7 @@ def ticket_revoke(*, ticket_id, actor: str, source: str,
     NotAwaiting when the ticket is no longer open (consumed, revoked, or its run ended).
     """
     ticket = ticket_get(ticket_id)
-    reason = _clean_reason(reason) or f"Resume ticket {str(ticket.pk)[:8]} revoked."
+    reason = _clean_reason(reason) or f"Resume ticket {short_id(ticket.pk)} revoked."
     with transaction.atomic():
         run = locked_run(ticket.run_id)
         if run.state != RunState.AWAITING or str(run.ticket_id) != str(ticket.pk):

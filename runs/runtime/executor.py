@@ -192,7 +192,7 @@ class Executor:
     async def _fail(self, run_id, generation, error: str):
         try:
             await self.db(domain.attempt_finish, run_id=run_id, generation=generation,
-                          ending=Ending.failed(error[:2000]))
+                          ending=Ending.failed(error))
         except Exception:
             log.exception("run %s: could not record its failure", run_id)
 

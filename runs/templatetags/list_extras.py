@@ -2,6 +2,8 @@
 
 from django import template
 
+from runs.domain import text
+
 register = template.Library()
 
 
@@ -22,6 +24,6 @@ def span(seconds) -> str:
 
 
 @register.filter
-def first_line(text) -> str:
+def first_line(value) -> str:
     """The first line of an error, for a row (the whole text is in its title)."""
-    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return text.first_line(value)

@@ -4,6 +4,7 @@ import json
 
 from django import template
 
+from runs.domain import text
 from runs.models import Source
 
 register = template.Library()
@@ -11,7 +12,8 @@ register = template.Library()
 
 @register.filter
 def short_id(value) -> str:
-    return str(value)[:8]
+    """An id by its first characters (``runs.domain.text.short_id``)."""
+    return text.short_id(value)
 
 
 @register.filter
