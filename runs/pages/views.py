@@ -14,6 +14,7 @@ from runs.domain.roles import is_operator, is_viewer
 from runs.models import EventKind, Source
 from runs.pages import filters, health
 from runs.pages import metrics as stop_metrics
+from runs.pages.page_rules import page_rules
 
 
 def viewer_required(view):
@@ -65,7 +66,7 @@ def nested(runs: list) -> list:
 
 def page_context(request, **extra) -> dict:
     return {"can_control": is_operator(request.user), "agents": catalogue.names(),
-            "budgets": limits.BUDGETS, **extra}
+            "budgets": limits.BUDGETS, "page_rules": page_rules(), **extra}
 
 
 def sort_links(chosen: filters.ListFilter) -> dict:
