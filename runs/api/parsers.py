@@ -13,6 +13,7 @@ from rest_framework.exceptions import ParseError
 
 from runs.domain import limits
 from runs.domain.errors import InvalidRequest
+from runs.domain.text import clipped
 
 
 class _Refused(Exception):
@@ -22,7 +23,7 @@ class _Refused(Exception):
 def _finite(text: str) -> float:
     number = float(text)
     if number in (float("inf"), float("-inf")):
-        raise _Refused(f"The number {text[:40]} is out of range (JSON has no infinity).")
+        raise _Refused(f"The number {clipped(text, 40)} is out of range (JSON has no infinity).")
     return number
 
 
@@ -36,7 +37,7 @@ def _unique_keys(pairs: list) -> dict:
         seen = set()
         for key, _ in pairs:
             if key in seen:
-                raise _Refused(f"The key {key[:40]!r} is given twice in one object.")
+                raise _Refused(f"The key {clipped(key, 40)!r} is given twice in one object.")
             seen.add(key)
     return value
 

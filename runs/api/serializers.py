@@ -1,41 +1,22 @@
-"""The JSON shapes of API.md, declared for validation and the OpenAPI document.
+"""The JSON shapes of API.md: requests validated here, answers described for the OpenAPI
+document.
 
-Runs and events are written by ``runs.domain.representation`` (the one representation, also
-pushed on the sockets); the serializers here declare the same shapes and hand their
-``to_representation`` to it. A test holds the two to the same output.
+Runs and events are written by ``runs.domain.representation`` alone (the one
+representation, also pushed on the sockets); the views answer with what it writes. The
+answer serializers below (``RunSerializer``, ``EventSerializer`` and what they hold) only
+describe that JSON to drf-spectacular: they never write a run, so they declare no
+``source`` and no model. ``tests/test_api.py`` validates what the representation writes
+against the document's schemas, so the two cannot drift.
 """
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
-from runs.domain import catalogue
-from runs.domain.representation import event_data, run_data, run_url
-from runs.domain.runs import BUDGET_LIMITS, LIVE_COMMANDS, MAX_BATCH
-from runs.models import Action, EndCause, Event, Run, RunState
-
-
-class TicketSerializer(serializers.Serializer):
-    id = serializers.UUIDField()
-    reason = serializers.CharField()
-    prompt = serializers.JSONField(allow_null=True)
-    schema = serializers.JSONField(
-        allow_null=True, help_text="JSON Schema the resume input must satisfy, if any.")
-    created_at = serializers.DateTimeField()
-
-
-class ControlSerializer(serializers.Serializer):
-    action = serializers.CharField()
-    reason = serializers.CharField(allow_null=True)
-    stop_code = serializers.CharField(allow_null=True)
-    requested_by = serializers.CharField()
-    source = serializers.CharField()
-    requested_at = serializers.DateTimeField()
-    delivered_at = serializers.DateTimeField(allow_null=True)
-    applied_at = serializers.DateTimeField(allow_null=True)
-    caused_by = serializers.UUIDField(
-        allow_null=True, source="caused_by_id",
-        help_text="The parent run whose end (or lost attempt) asked for this one.")
+from runs.domain import catalogue, limits
+from runs.domain.runs import LIVE_COMMANDS, MAX_BATCH
+from runs.models import Action, EndCause, EventKind, RunState, Source, StopCode
 
 
 class StrictSerializer(serializers.Serializer):
@@ -61,78 +42,109 @@ class OffsetDateTimeField(serializers.DateTimeField):
         return super().enforce_timezone(value)
 
 
-class BudgetSerializer(StrictSerializer):
-    max_steps = serializers.IntegerField(allow_null=True, required=False, min_value=1,
-                                         max_value=BUDGET_LIMITS["max_steps"])
-    max_seconds = serializers.FloatField(allow_null=True, required=False, min_value=0.001,
-                                         max_value=BUDGET_LIMITS["max_seconds"])
-    max_tokens = serializers.IntegerField(allow_null=True, required=False, min_value=1,
-                                          max_value=BUDGET_LIMITS["max_tokens"])
+class TicketSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    reason = serializers.CharField()
+    prompt = serializers.JSONField(allow_null=True)
+    schema = serializers.JSONField(
+        allow_null=True, help_text="JSON Schema the resume input must satisfy, if any.")
+    created_at = serializers.DateTimeField()
+
+
+class ControlSerializer(serializers.Serializer):
+    action = serializers.CharField()
+    reason = serializers.CharField(allow_null=True)
+    stop_code = serializers.CharField(allow_null=True)
+    requested_by = serializers.CharField()
+    source = serializers.CharField()
+    requested_at = serializers.DateTimeField()
+    delivered_at = serializers.DateTimeField(allow_null=True)
+    applied_at = serializers.DateTimeField(allow_null=True)
+    caused_by = serializers.UUIDField(
+        allow_null=True,
+        help_text="The parent run whose end (or lost attempt) asked for this one.")
+
+
+class BudgetSerializer(serializers.Serializer):
+    max_steps = serializers.IntegerField(allow_null=True)
+    max_seconds = serializers.FloatField(allow_null=True)
+    max_tokens = serializers.IntegerField(allow_null=True)
 
 
 class UsageSerializer(serializers.Serializer):
     steps = serializers.IntegerField()
     tokens = serializers.IntegerField()
-    seconds = serializers.FloatField(source="seconds_used")
+    seconds = serializers.FloatField()
 
 
-class RunSerializer(serializers.ModelSerializer):
-    url = serializers.SerializerMethodField(help_text="Path of the run's page.")
-    parent_id = serializers.UUIDField(allow_null=True)
-    rerun_of = serializers.UUIDField(
-        allow_null=True, source="rerun_of_id",
-        help_text="The run this one was started again from (Run again).")
-    ticket = TicketSerializer(allow_null=True)
-    control = ControlSerializer(allow_null=True)
-    budget = BudgetSerializer(source="*")
-    usage = UsageSerializer(source="*")
-    output = serializers.JSONField(allow_null=True, required=False,
-                                   help_text="Left out of a list page when truncated.")
+class RunSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    url = serializers.CharField(help_text="Path of the run's page.")
+    agent = serializers.CharField(help_text="Name of the agent in the catalogue.")
     input = serializers.JSONField(required=False,
                                   help_text="Left out of a list page when truncated.")
+    thread_id = serializers.CharField(help_text="Groups related runs.")
+    parent_id = serializers.UUIDField(allow_null=True)
+    rerun_of = serializers.UUIDField(
+        allow_null=True, help_text="The run this one was started again from (Run again).")
+    state = serializers.ChoiceField(choices=RunState.choices)
+    end_cause = serializers.ChoiceField(choices=EndCause.choices, allow_null=True)
+    stop_code = serializers.ChoiceField(choices=StopCode.choices, allow_null=True)
+    stop_reason = serializers.CharField(allow_null=True)
+    error = serializers.CharField(allow_null=True)
+    output = serializers.JSONField(allow_null=True, required=False,
+                                   help_text="Left out of a list page when truncated.")
+    generation = serializers.IntegerField(
+        help_text="Generation of the newest attempt; 0 until the first one starts.")
+    owner = serializers.CharField(
+        allow_null=True,
+        help_text="The claim: worker node and pid of the live attempt; set exactly while running.")
+    ticket = TicketSerializer(allow_null=True)
+    control = ControlSerializer(allow_null=True)
+    actions = serializers.ListField(
+        child=serializers.ChoiceField(choices=Action.values),
+        help_text="What the run's state allows an operator to ask of it now.")
+    budget = BudgetSerializer()
+    usage = UsageSerializer()
+    duration = serializers.FloatField(
+        help_text="Seconds of running time: closed attempts, plus the live one so far.")
+    version = serializers.IntegerField(help_text="Equals the run's event count.")
+    start_after = serializers.DateTimeField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    ended_at = serializers.DateTimeField(allow_null=True)
+    updated_at = serializers.DateTimeField()
     truncated = serializers.BooleanField(
         required=False,
         help_text="Present (true) on a run of a list page listed without its input and "
                   "output, which together were over AWAKEN_LIST_PAYLOAD_BYTES; "
                   "/api/runs/{id}/ has them.")
-    actions = serializers.ListField(
-        source="allowed_actions",
-        child=serializers.ChoiceField(choices=Action.values),
-        help_text="What the run's state allows an operator to ask of it now.")
-    duration = serializers.FloatField(
-        help_text="Seconds of running time: closed attempts, plus the live one so far.")
-
-    class Meta:
-        model = Run
-        fields = [
-            "id", "url", "agent", "input", "thread_id", "parent_id", "rerun_of", "state",
-            "end_cause", "stop_code", "stop_reason", "error", "output", "generation", "owner",
-            "ticket", "control", "actions", "budget", "usage", "duration", "version",
-            "start_after", "created_at", "started_at", "ended_at", "updated_at", "truncated",
-        ]
-        read_only_fields = fields
-
-    def get_url(self, run) -> str:
-        return run_url(run.id)
-
-    def to_representation(self, instance):
-        return run_data(instance)
 
 
-class EventSerializer(serializers.ModelSerializer):
+class EventSerializer(serializers.Serializer):
+    seq = serializers.IntegerField()
     run_id = serializers.UUIDField()
-
-    class Meta:
-        model = Event
-        fields = ["seq", "run_id", "version", "kind", "state", "end_cause", "generation",
-                  "actor", "source", "data", "at"]
-        read_only_fields = fields
-
-    def to_representation(self, instance):
-        return event_data(instance)
+    version = serializers.IntegerField(help_text="The run's version after this event.")
+    kind = serializers.ChoiceField(choices=EventKind.choices)
+    state = serializers.ChoiceField(choices=RunState.choices)
+    end_cause = serializers.ChoiceField(choices=EndCause.choices, allow_null=True)
+    generation = serializers.IntegerField()
+    actor = serializers.CharField(allow_null=True)
+    source = serializers.ChoiceField(choices=Source.choices, allow_null=True)
+    data = serializers.JSONField()
+    at = serializers.DateTimeField()
 
 
 # --- Requests -------------------------------------------------------------------------
+
+
+@extend_schema_field(limits.budget_schema())
+class BudgetField(serializers.DictField):
+    """A run's budget, handed on as given: ``runs.domain.limits.check_budget`` is the one
+    rule for it (the domain applies it to every run made, whoever asks), and the document
+    describes it from the same ``limits.BUDGETS``."""
+
+
 
 
 class RunCreateSerializer(StrictSerializer):
@@ -140,7 +152,7 @@ class RunCreateSerializer(StrictSerializer):
     input = serializers.DictField(required=False, default=dict)
     thread_id = serializers.CharField(required=False, max_length=200, allow_blank=False)
     parent_id = serializers.UUIDField(required=False, allow_null=True)
-    budget = BudgetSerializer(required=False)
+    budget = BudgetField(required=False)
     start_after = OffsetDateTimeField(required=False, allow_null=True)
 
     def __init__(self, *args, **kwargs):

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from runs.domain import outside
 from runs.domain.representation import activity_data
+from runs.domain.text import clipped
 from runs.models import Activity, ActivityKind, Run
 
 CAP = 2000  # entries per run
@@ -32,7 +33,7 @@ def _clean(entry: dict) -> dict:
         data = json.loads(encoded) if len(encoded) <= limit else {
             "truncated": True, "bytes": len(encoded)}
     tokens = entry.get("tokens")
-    return {"kind": entry["kind"], "text": str(entry.get("text") or "")[:TEXT],
+    return {"kind": entry["kind"], "text": clipped(str(entry.get("text") or ""), TEXT),
             "ms": None if entry.get("ms") is None else round(float(entry["ms"]), 2),
             "tokens": int(tokens) if tokens else None, "data": data,
             "at": entry.get("at") or timezone.now()}

@@ -32,6 +32,7 @@ from runs.domain.core import (
 )
 from runs.domain.errors import Fenced
 from runs.domain.schemas import check_schema
+from runs.domain.text import short_id
 from runs.models import (
     AppliedVia,
     Attempt,
@@ -177,7 +178,7 @@ def attempt_parent_gone(*, run_id, generation: int, parent_id, why: str,
             return False
         intent = pending_intent(run) or record_intent(
             run, action=ControlAction.CANCEL, stop_code=None,
-            reason=f"Parent run {str(parent_id)[:8]} {PARENT_GONE.get(why, 'ended')}.",
+            reason=f"Parent run {short_id(parent_id)} {PARENT_GONE.get(why, 'ended')}.",
             actor=actor or "worker", source=source or Source.WORKER, caused_by_id=parent_id)
         return finish(run, Ending.from_intent(intent), generation=generation,
                       actor=intent.requested_by, source=intent.source)

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from runs.domain import outside, sql
 from runs.domain.errors import RunNotFound
+from runs.domain.text import clipped, short_id
 from runs.models import (
     AppliedVia,
     Attempt,
@@ -212,6 +213,9 @@ def _request_data(reason, stop_code, caused_by_id) -> dict:
     return data
 
 
+ERROR_CHARS = 2000  # of a failed run's error
+
+
 @dataclass(frozen=True)
 class Ending:
     """What a terminal commit says: the cause and its details."""
@@ -228,7 +232,9 @@ class Ending:
 
     @classmethod
     def failed(cls, error: str) -> "Ending":
-        return cls(EndCause.FAILED, error=error or "failed")
+        """A failure with its error, cut to ``ERROR_CHARS`` (a traceback can be long; the
+        activity log keeps more of it)."""
+        return cls(EndCause.FAILED, error=clipped(error, ERROR_CHARS) if error else "failed")
 
     @classmethod
     def cancelled(cls) -> "Ending":
@@ -332,7 +338,7 @@ def end_children(parent: Run, *, actor: str | None, source: str | None,
             continue
         cause = parent.end_cause or "lost its attempt"
         intent = record_intent(child, action=ControlAction.CANCEL,
-                               reason=f"Parent run {str(parent.pk)[:8]} {cause}.",
+                               reason=f"Parent run {short_id(parent.pk)} {cause}.",
                                stop_code=None, actor=actor or source or "worker",
                                source=source or Source.WORKER, caused_by_id=parent.pk)
         if child.state == RunState.RUNNING:

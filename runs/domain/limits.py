@@ -1,4 +1,5 @@
-"""What JSON from outside must be before any of it is stored: the same on every database.
+"""What JSON from outside must be before any of it is stored: the same on every database,
+and the one rule for a run's budget.
 
 PostgreSQL's ``jsonb`` refuses NUL characters, lone surrogates and non-finite numbers when
 the row is written; SQLite stores some of them and then fails when the row is read back or
@@ -8,8 +9,10 @@ alike on both.
 
 import json
 import math
+from dataclasses import dataclass
 
 from runs.domain.errors import InvalidRequest
+from runs.domain.text import ELLIPSIS, clipped
 
 # The deepest nesting of arrays and objects a stored value (or a request body) may have.
 MAX_DEPTH = 64
@@ -63,9 +66,9 @@ def _check_text(text: str, field: str, path: tuple, what: str = "") -> None:
 def _refused(field: str, path: tuple, problem: str) -> InvalidRequest:
     """The error for ``problem`` at ``path`` under ``field`` (its first steps). Only keys
     already checked are named, so the message itself is always valid text."""
-    steps = [*([field] if field else []), *(str(step)[:40] for step in path[:6])]
+    steps = [*([field] if field else []), *(clipped(str(step), 40) for step in path[:6])]
     if len(path) > 6:
-        steps.append("…")
+        steps.append(ELLIPSIS)
     where = ".".join(steps)
     if not where:
         return InvalidRequest(f"The body {problem}.")
@@ -81,3 +84,76 @@ def check_size(value, field: str, limit: int) -> None:
     """Refuse ``value`` if it encodes to more than ``limit`` bytes."""
     if encoded_size(value) > limit:
         raise InvalidRequest(f"{field} is larger than {limit} bytes encoded.", field=field)
+
+
+# --- Budgets: the one rule for every way a run is made (API, batch, run again, child runs,
+# the page's form) ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One budget a run may have: a number greater than 0 (API.md gives each as a count or
+    a number of seconds, and a budget of 0 or less could stop nothing a run does), whole
+    for ``integral`` ones, and at most ``maximum``: the largest value its column holds."""
+
+    key: str
+    integral: bool
+    maximum: float
+
+    @property
+    def words(self) -> str:
+        """The budget's name as people read it: "max steps"."""
+        return self.key.replace("_", " ")
+
+    @property
+    def smallest(self) -> int | None:
+        """The smallest value allowed, when there is one (a whole budget's 1); a number of
+        seconds may be as small as it likes above 0."""
+        return 1 if self.integral else None
+
+
+BUDGETS = (
+    Budget("max_steps", integral=True, maximum=2**31 - 1),
+    Budget("max_seconds", integral=False, maximum=315_360_000.0),  # ten years
+    Budget("max_tokens", integral=True, maximum=2**63 - 1),
+)
+BUDGET_KEYS = tuple(budget.key for budget in BUDGETS)
+
+
+def check_budget(budget) -> dict:
+    """``budget`` (a JSON object, or None for none) as stored: the budgets it sets, each
+    checked against ``BUDGETS``; a key that is not a budget is refused."""
+    if budget is None:
+        return {}
+    if not isinstance(budget, dict):
+        raise InvalidRequest("budget must be a JSON object.", field="budget")
+    unknown = set(budget) - set(BUDGET_KEYS)
+    if unknown:
+        raise InvalidRequest(f"Unknown budget keys: {', '.join(sorted(map(str, unknown)))}.",
+                             field="budget")
+    clean = {}
+    for rule in BUDGETS:
+        value = budget.get(rule.key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or (
+                rule.integral and not isinstance(value, int)):
+            kind = "a whole number" if rule.integral else "a number"
+            raise InvalidRequest(f"budget.{rule.key} must be {kind}.", field="budget")
+        if not value > 0:  # NaN too
+            raise InvalidRequest(f"budget.{rule.key} must be greater than 0.", field="budget")
+        if value > rule.maximum:
+            raise InvalidRequest(f"budget.{rule.key} must be at most {rule.maximum:g}.",
+                                 field="budget")
+        clean[rule.key] = value
+    return clean
+
+
+def budget_schema() -> dict:
+    """``BUDGETS`` as the OpenAPI 3.0 schema of a request's ``budget`` object."""
+    return {
+        "type": "object", "additionalProperties": False,
+        "properties": {rule.key: {"type": "integer" if rule.integral else "number",
+                                  "nullable": True, "minimum": 0, "exclusiveMinimum": True,
+                                  "maximum": rule.maximum} for rule in BUDGETS},
+    }

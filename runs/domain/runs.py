@@ -32,6 +32,7 @@ from runs.domain.errors import (
 )
 from runs.domain.schemas import check_input
 from runs.domain.selectors import run_get, ticket_get
+from runs.domain.text import short_id
 from runs.models import (
     AppliedVia,
     ControlAction,
@@ -45,9 +46,6 @@ from runs.models import (
     TicketState,
 )
 
-BUDGET_KEYS = ("max_steps", "max_seconds", "max_tokens")
-# The largest budget each column holds (max_seconds: ten years).
-BUDGET_LIMITS = {"max_steps": 2**31 - 1, "max_seconds": 315_360_000.0, "max_tokens": 2**63 - 1}
 MAX_REASON_LENGTH = 500
 
 
@@ -111,7 +109,7 @@ def run_rerun(*, run_id, created_by=None, idempotency_key: str | None = None,
     takes children only from its own attempt.
     """
     old = run_get(run_id)
-    budget = {key: getattr(old, key) for key in BUDGET_KEYS if getattr(old, key) is not None}
+    budget = {key: getattr(old, key) for key in limits.BUDGET_KEYS if getattr(old, key) is not None}
     return run_create(agent=old.agent, input=old.input, thread_id=old.thread_id,
                       budget=budget, created_by=created_by, idempotency_key=idempotency_key,
                       source=source, rerun_of=old)
@@ -159,7 +157,7 @@ def _new_run(*, agent: str, input: dict | None = None, thread_id: str | None = N
              created_by=None, parents: dict[str, Run]) -> Run:
     """A checked, unsaved queued run; ``parents`` holds its parent, if it names one."""
     input = {} if input is None else input
-    budget = _clean_budget(budget or {})
+    budget = limits.check_budget(budget)
     if agent not in CATALOGUE:
         raise InvalidRequest(f"Unknown agent {agent!r}.", field="agent")
     if not isinstance(input, dict):
@@ -218,30 +216,6 @@ def runs_import(*, agent: str, count: int, ended: bool = True, source: str = "cl
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE runs_run, runs_event")
     return made
-
-
-def _clean_budget(budget: dict) -> dict:
-    unknown = set(budget) - set(BUDGET_KEYS)
-    if unknown:
-        raise InvalidRequest(f"Unknown budget keys: {', '.join(sorted(unknown))}.", field="budget")
-    clean = {}
-    for key in BUDGET_KEYS:
-        value = budget.get(key)
-        if value is None:
-            continue
-        integral = key != "max_seconds"
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            integral and not isinstance(value, int)
-        ):
-            kind = "a whole number" if integral else "a number"
-            raise InvalidRequest(f"budget.{key} must be {kind}.", field="budget")
-        if value <= 0:
-            raise InvalidRequest(f"budget.{key} must be greater than 0.", field="budget")
-        if value > BUDGET_LIMITS[key]:
-            raise InvalidRequest(f"budget.{key} must be at most {BUDGET_LIMITS[key]:g}.",
-                                 field="budget")
-        clean[key] = value
-    return clean
 
 
 def _check_input(value) -> None:
@@ -368,7 +342,7 @@ def ticket_revoke(*, ticket_id, actor: str, source: str,
     NotAwaiting when the ticket is no longer open (consumed, revoked, or its run ended).
     """
     ticket = ticket_get(ticket_id)
-    reason = _clean_reason(reason) or f"Resume ticket {str(ticket.pk)[:8]} revoked."
+    reason = _clean_reason(reason) or f"Resume ticket {short_id(ticket.pk)} revoked."
     with transaction.atomic():
         run = locked_run(ticket.run_id)
         if run.state != RunState.AWAITING or str(run.ticket_id) != str(ticket.pk):

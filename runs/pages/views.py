@@ -8,12 +8,13 @@ from django.templatetags.static import static
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from runs.domain import activity, bulk, catalogue, review, selectors
+from runs.domain import activity, bulk, catalogue, limits, review, selectors
 from runs.domain.errors import InvalidRequest, RunNotFound, ServiceError
 from runs.domain.roles import is_operator, is_viewer
 from runs.models import EventKind, Source
 from runs.pages import filters, health
 from runs.pages import metrics as stop_metrics
+from runs.pages.page_rules import page_rules
 
 
 def viewer_required(view):
@@ -65,7 +66,7 @@ def nested(runs: list) -> list:
 
 def page_context(request, **extra) -> dict:
     return {"can_control": is_operator(request.user), "agents": catalogue.names(),
-            **extra}
+            "budgets": limits.BUDGETS, "page_rules": page_rules(), **extra}
 
 
 def sort_links(chosen: filters.ListFilter) -> dict:

@@ -25,6 +25,8 @@ from urllib.parse import urlsplit
 import httpx
 from django.conf import settings
 
+from runs.domain.text import clipped
+
 ERROR_BODY_BYTES = 64 * 1024  # what is read of a refusal's body, for its message
 
 
@@ -348,10 +350,10 @@ def _error_of(raw: bytes) -> tuple[str, str | None]:
         error = None
     if isinstance(error, dict):
         code = error.get("code") or error.get("type")
-        return str(error.get("message") or "no message")[:500], str(code) if code else None
+        return clipped(str(error.get("message") or "no message"), 500), str(code) if code else None
     if isinstance(error, str):
-        return error[:500], None
-    return raw[:200].decode("utf-8", "replace") or "no message", None
+        return clipped(error, 500), None
+    return clipped(raw.decode("utf-8", "replace"), 200) or "no message", None
 
 
 def _retry_after(headers: httpx.Headers) -> float | None:

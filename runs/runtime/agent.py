@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from runs.domain.catalogue import register
+from runs.domain.text import clipped
 from runs.providers.client import ProviderError, Reply, ToolCall
 from runs.runtime.host import Host
 from runs.runtime.output import LiveOutput
@@ -331,7 +332,8 @@ def _answered(conversation: list[dict]) -> bool:
 
 
 def _capped(text: str, limit: int = RECORDED_TEXT) -> tuple[str, bool]:
-    return (text, False) if len(text) <= limit else (text[:limit], True)
+    cut = clipped(text, limit)
+    return cut, cut is not text
 
 
 def _reply_record(reply: Reply) -> dict:

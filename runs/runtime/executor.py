@@ -190,7 +190,7 @@ class Executor:
     async def _fail(self, run_id, generation, error: str):
         try:
             await self.worker_loop.db(domain.attempt_finish, run_id=run_id,
-                                      generation=generation, ending=Ending.failed(error[:2000]))
+                                      generation=generation, ending=Ending.failed(error))
         except Exception:
             log.exception("run %s: could not record its failure", run_id)
 

@@ -4,6 +4,7 @@ import json
 
 from django import template
 
+from runs.domain import text
 from runs.models import Source
 
 register = template.Library()
@@ -11,15 +12,8 @@ register = template.Library()
 
 @register.filter
 def short_id(value) -> str:
-    return str(value)[:8]
-
-
-@register.filter
-def ms_since(later, earlier) -> str:
-    """"+12 ms" between two times (requested -> delivered -> applied), or "" if unknown."""
-    if not later or not earlier:
-        return ""
-    return f"+{(later - earlier).total_seconds() * 1000:.0f} ms"
+    """An id by its first characters (``runs.domain.text.short_id``)."""
+    return text.short_id(value)
 
 
 @register.filter
@@ -57,25 +51,18 @@ def pretty_json(value) -> str:
 
 
 @register.filter
-def duration_text(ms) -> str:
-    """A duration in milliseconds, short: "840 ms", "2.4 s", "3 min 05 s"."""
-    if ms is None or ms == "":
+def seconds_between(later, earlier) -> float | str:
+    """Seconds between two times (a ``data-seconds`` the page writes out as a duration);
+    "" if either is unknown."""
+    if not later or not earlier:
         return ""
-    ms = float(ms)
-    if ms < 1000:
-        return f"{ms:.0f} ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.1f} s"
-    minutes, seconds = divmod(round(ms / 1000), 60)
-    return f"{minutes} min {seconds:02d} s"
+    return (later - earlier).total_seconds()
 
 
 @register.filter
-def seconds_between(later, earlier) -> float | str:
-    """Milliseconds between two times, for ``duration_text``; "" if either is unknown."""
-    if not later or not earlier:
-        return ""
-    return (later - earlier).total_seconds() * 1000
+def ms_to_seconds(ms) -> float | str:
+    """A duration in milliseconds (an activity entry's) as seconds, for ``data-seconds``."""
+    return "" if ms is None or ms == "" else float(ms) / 1000
 
 
 @register.filter
@@ -108,11 +95,11 @@ def activity_detail(entry) -> str:
 
 @register.filter
 def activity_figures(entry) -> str:
-    """What an entry cost: "1.2 s · 340 tokens · gen 2"."""
+    """What an entry cost besides its time (which the page writes out from
+    ``data-seconds``): "340 tokens · gen 2"."""
     if entry is None:
         return ""
-    parts = [duration_text(entry.ms) if entry.ms is not None else "",
-             f"{entry.tokens} tokens" if entry.tokens else "",
+    parts = [f"{entry.tokens} tokens" if entry.tokens else "",
              f"gen {entry.generation}" if entry.generation else ""]
     return " · ".join(part for part in parts if part)
 

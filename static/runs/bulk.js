@@ -2,7 +2,7 @@
 // takes, start it, follow its progress pushed on the list socket, abort it. The job runs on
 // the server (POST /api/bulk/); the page only asks and shows.
 
-import { $, Live, absoluteTime, api, liveTimes, setField, toast } from "./common.js";
+import { $, Live, absoluteTime, api, liveTimes, setField, shortId, toast } from "./common.js";
 
 const VERBS = { cancel: "Cancel", stop: "Stop" };
 const FINISHED = new Set(["done", "aborted"]);
@@ -32,7 +32,7 @@ function progressView(box) {
     box.hidden = false;
     box.replaceChildren();
     const title = document.createElement("strong");
-    title.textContent = `${VERBS[job.action]} job ${job.id.slice(0, 8)}: ${job.state}`;
+    title.textContent = `${VERBS[job.action]} job ${shortId(job.id)}: ${job.state}`;
     const bar = document.createElement("progress");
     bar.max = Math.max(job.total, 1);
     bar.value = job.done;
@@ -173,7 +173,7 @@ function jobsPage(list) {
     row.dataset.jobId = job.id;
     row.dataset.state = job.state;
     row.dataset.version = String(job.version);
-    setField(row, "job-id", job.id.slice(0, 8));
+    setField(row, "job-id", shortId(job.id));
     setField(row, "action", job.action);
     setField(row, "job-state", job.state);
     setField(row, "scope", job.filter ? "a filter" : `${job.total} chosen runs`);

@@ -1,7 +1,16 @@
-// What both pages share: requests to the REST API, toasts, patching a run's row from a
-// committed snapshot, and the websocket with backoff and "resume after seq".
+// What both pages share: requests to the REST API, toasts, the server's rules the page is
+// given, the websocket with backoff and "resume after seq", and the one duration format.
+// Rows and panels are the server's rendering (the pages fetch them); nothing here decides
+// how a run is shown.
 
 export const $ = (selector, root = document) => root.querySelector(selector);
+
+// The server's rules a sentence of the script needs (runs/pages/page_rules.py), embedded in
+// the page with json_script: the length of a short id, the resume dialog's texts.
+export const rules = JSON.parse($("#page-rules")?.textContent || "{}");
+
+// An id as the server shows it in a row or a sentence.
+export const shortId = (id) => String(id).slice(0, rules.short_id || Infinity);
 
 export function csrfToken() {
   const cookie = document.cookie.split("; ").find((c) => c.startsWith("csrftoken="));
@@ -29,45 +38,11 @@ export function toast(message) {
   toast.timer = setTimeout(() => { box.hidden = true; }, 6000);
 }
 
-// Mirrors Run.status_label: the end cause once ended, otherwise the state.
-export const statusLabel = (run) => (run.state === "ended" ? run.end_cause : run.state);
-
 export function setField(row, name, text) {
   const node = row.querySelector(`[data-field="${name}"]`);
   if (node && node.textContent !== text) node.textContent = text;
 }
 
-// Show exactly the control buttons of the actions the server allows (the run's `actions`).
-export function showActions(row, actions) {
-  for (const button of row.querySelectorAll("button[data-action]")) {
-    button.hidden = !actions.includes(button.dataset.action);
-  }
-}
-
-// Apply a committed snapshot of a run to its row; never step back to an older version.
-export function patchRow(row, run) {
-  if (row.dataset.runId === run.id && Number(row.dataset.version) >= run.version) return false;
-  Object.assign(row.dataset, {
-    runId: run.id, state: run.state, endCause: run.end_cause || "", version: String(run.version),
-    agent: run.agent, thread: run.thread_id, ticket: run.ticket ? run.ticket.id : "",
-    ticketReason: run.ticket ? run.ticket.reason : "", actions: run.actions.join(" "),
-  });
-  showActions(row, run.actions);
-  setField(row, "short-id", run.id.slice(0, 8));
-  setField(row, "agent", run.agent);
-  setField(row, "thread", run.thread_id);
-  setField(row, "status", statusLabel(run));
-  setField(row, "reason", run.stop_reason || "");
-  setField(row, "generation", String(run.generation));
-  const link = row.querySelector('[data-field="link"]');
-  if (link) link.href = `/runs/${run.id}/`;
-  const created = row.querySelector('[data-field="created"]');
-  if (created && !created.getAttribute("datetime")) {
-    created.setAttribute("datetime", run.created_at);
-    created.textContent = "just now";
-  }
-  return true;
-}
 
 // --- the websocket, with backoff and "resume after seq" --------------------------------------
 
@@ -174,12 +149,23 @@ export function liveTimes(root = document, every = 5000) {
   return draw;
 }
 
-// A running time for people, as the server's `span` filter writes it: "0.4 s", "3 m 05 s".
+// A duration for people: "840 ms", "2.4 s", "12 s", "3 m 05 s", "2 h 04 m". The one format
+// of every duration the pages show: the server renders none, it gives `data-seconds`.
 export function span(seconds) {
+  if (seconds < 1) return `${Math.round(seconds * 1000)} ms`;
   if (seconds < 10) return `${seconds.toFixed(1)} s`;
   const whole = Math.floor(seconds);
   if (whole < 60) return `${whole} s`;
   const pad = (n) => String(n).padStart(2, "0");
   if (whole < 3600) return `${Math.floor(whole / 60)} m ${pad(whole % 60)} s`;
   return `${Math.floor(whole / 3600)} h ${pad(Math.floor((whole % 3600) / 60))} m`;
+}
+
+// Write out every duration under `root` the server rendered as `data-duration data-seconds`.
+export function showDurations(root = document) {
+  for (const node of root.querySelectorAll("[data-duration][data-seconds]")) {
+    const seconds = Number(node.dataset.seconds);
+    const text = Number.isFinite(seconds) ? span(seconds) : "";
+    if (node.textContent !== text) node.textContent = text;
+  }
 }

@@ -2,9 +2,9 @@
 // what each request shows while it goes: a button is disabled while its request is in
 // flight, a cancel waits a few seconds with Undo and "Cancel now", and a pause that waits
 // for the current step says so until the run is paused. Which buttons a run shows is the
-// server's `actions` (common.js showActions); nothing here decides it.
+// server's rendering of the row (its `actions`); nothing here decides it.
 
-import { $, csrfToken, setField, toast } from "./common.js";
+import { $, csrfToken, rules, setField, shortId, toast } from "./common.js";
 
 const CANCEL_GRACE_MS = 4000;
 
@@ -138,7 +138,7 @@ export function controls(apply) {
     const box = notice(id, "", [["Undo", "undo"], ["Cancel now", "now"]]);
     const say = () => {
       const left = Math.max(0, Math.ceil((due - Date.now()) / 1000));
-      box.firstChild.textContent = `Cancelling run ${id.slice(0, 8)} in ${left} s.`;
+      box.firstChild.textContent = `Cancelling run ${shortId(id)} in ${left} s.`;
     };
     say();
     const ticker = setInterval(say, 250);
@@ -160,7 +160,7 @@ export function controls(apply) {
       cancels.delete(id);
       clearInterval(choice.closest(".toast.notice").ticker);
       choice.closest(".toast.notice").remove();
-      toast(`Run ${id.slice(0, 8)} was not cancelled.`);
+      toast(`Run ${shortId(id)} was not cancelled.`);
       return reflect();
     }
     const button = event.target.closest("tr.run [data-action]");
@@ -193,7 +193,7 @@ export function controls(apply) {
       reflect();
       toast("Pause requested: it takes effect when the current step ends.");
     } else {
-      toast(`Run ${id.slice(0, 8)} is paused.`);
+      toast(`Run ${shortId(id)} is paused.`);
     }
   }
 
@@ -201,7 +201,7 @@ export function controls(apply) {
 
   function openStop(id) {
     if (!stopDialog) return;
-    setField(stopDialog, "stop-run", id.slice(0, 8));
+    setField(stopDialog, "stop-run", shortId(id));
     setField(stopDialog, "dialog-error", "");
     stopDialog.querySelector('[name="reason"]').value = "";
     stopDialog.showModal();
@@ -236,7 +236,7 @@ export function controls(apply) {
     const id = row.dataset.runId;
     target = row;
     ticket = null;
-    setField(resumeDialog, "resume-run", id.slice(0, 8));
+    setField(resumeDialog, "resume-run", shortId(id));
     setField(resumeDialog, "dialog-error", "");
     setField(resumeDialog, "resume-why", "");
     const promptBox = resumeDialog.querySelector('[data-field="resume-prompt"]');
@@ -261,8 +261,7 @@ export function controls(apply) {
       setField(resumeDialog, "dialog-error", "The run has no open ticket any more.");
       return;
     }
-    const why = { approval: "The agent asks for approval.", input: "The agent asks for input.",
-                  manual_pause: "Paused by an operator." }[ticket.reason] || "";
+    const why = (rules.resume_why || {})[ticket.reason] || "";
     setField(resumeDialog, "resume-why", why);
     if (ticket.prompt !== null && ticket.prompt !== undefined) {
       promptBox.textContent = JSON.stringify(ticket.prompt, null, 2);
@@ -297,7 +296,7 @@ export function controls(apply) {
         apply((await send("POST", `/api/runs/${id}/resume/`, { ticket: ticketId, input })).data);
         resumeDialog.close("done");
         toast(choice === "reject" ? "Rejected: the run goes on with your answer."
-          : `Run ${id.slice(0, 8)} resumed.`);
+          : `Run ${shortId(id)} resumed.`);
       } catch (problem) {
         setField(resumeDialog, "dialog-error", problem.message);
       }

@@ -1,9 +1,11 @@
 // The operator page: live rows from the websocket, controls over the REST API. Rows are
-// rendered by the server (templates/runs/_run_row.html); this module patches their fields
-// from pushed runs and asks the server (/runs/rows/?ids=...) which runs belong in the list:
-// the filter is applied there, never here.
+// rendered by the server (templates/runs/_run_row.html) and only there: for every run a push
+// names at a version newer than its row, this module asks the server (/runs/rows/?ids=...)
+// for the row as it is now, which also says whether the run belongs in the list (the filter
+// is applied there, never here), and puts it in place. The pushes themselves are not
+// rendered here, so the socket's messages stay the API's JSON and the page no rule of its own.
 
-import { $, Live, api, liveTimes, patchRow, setField, span } from "./common.js";
+import { $, Live, api, liveTimes, setField, shortId, showDurations, span } from "./common.js";
 import { controls } from "./controls.js";
 import { bulkSelection } from "./bulk.js";
 import { shortcuts } from "./keys.js";
@@ -26,38 +28,6 @@ function announcer() {
   };
 }
 
-// The fields the shared patchRow leaves to the list: thread, error, times, running time.
-function patchListFields(row, run) {
-  const thread = row.querySelector('[data-field="thread-short"]');
-  if (thread) {
-    setField(row, "thread-short", run.thread_id.slice(0, 8));
-    thread.title = run.thread_id;
-    row.querySelector('.thread [data-copy]')?.setAttribute("data-copy", run.thread_id);
-  }
-  const error = row.querySelector('[data-field="error"]');
-  if (error) {
-    const text = run.end_cause === "failed" ? (run.error || "").trim() : "";
-    setField(row, "error", text.split("\n")[0]);
-    error.title = text;
-  }
-  for (const name of ["created", "started", "ended"]) {
-    const node = row.querySelector(`[data-field="${name}"]`);
-    const iso = run[`${name}_at`] || "";
-    if (node && node.getAttribute("datetime") !== iso) {
-      node.setAttribute("datetime", iso);
-      if (!iso) { node.textContent = "–"; node.title = ""; }
-    }
-  }
-  const duration = row.querySelector('[data-field="duration"]');
-  if (duration && typeof run.duration === "number") {
-    duration.dataset.seconds = String(run.duration);
-    duration.dataset.at = String(Date.now());
-    duration.textContent = run.started_at ? span(run.duration) : "–";
-  }
-  row.querySelector('[data-field="short-id"]')?.setAttribute("title", run.id);
-  row.querySelector('td.id [data-copy]')?.setAttribute("data-copy", run.id);
-}
-
 function listPage(table) {
   const body = $("#run-rows");
   const empty = $("#empty");
@@ -70,6 +40,7 @@ function listPage(table) {
   const stamp = (row) => {
     const duration = row.querySelector('[data-field="duration"]');
     if (duration) duration.dataset.at = String(Date.now());
+    showDurations(row);
   };
   for (const row of body.querySelectorAll("tr.run")) { known(row); stamp(row); }
 
@@ -162,7 +133,8 @@ function listPage(table) {
       leaving.delete(id);
       row.classList.remove("leaving");
       if (Number(fresh.dataset.version) > Number(row.dataset.version)) {
-        // Newer than the pushes seen: take the server's row, keep what the user set on it.
+        // Newer than the row shown: take the server's row, keep what the user set on it.
+        const before = statusOf(row);
         fresh.className = row.className;
         fresh.dataset.depth = row.dataset.depth;
         fresh.hidden = row.hidden;
@@ -173,6 +145,9 @@ function listPage(table) {
         row.replaceWith(fresh);
         known(fresh);
         stamp(fresh);
+        redrawTimes();
+        const now = statusOf(fresh);
+        if (now !== before) announce(`Run ${shortId(id)} is ${now}`);
       }
       return;
     }
@@ -185,7 +160,7 @@ function listPage(table) {
     known(fresh);
     redrawTimes();
     showEmpty();
-    announce(`New run ${id.slice(0, 8)}, ${fresh.dataset.agent}, ${statusOf(fresh)}`);
+    announce(`New run ${shortId(id)}, ${fresh.dataset.agent}, ${statusOf(fresh)}`);
     document.dispatchEvent(new CustomEvent("runs:rows"));
   }
 
@@ -193,7 +168,7 @@ function listPage(table) {
     const id = row.dataset.runId;
     if (leaving.has(id)) return;
     row.classList.add("leaving");
-    announce(`Run ${id.slice(0, 8)} is ${statusOf(row)} and no longer matches the filter`);
+    announce(`Run ${shortId(id)} is ${statusOf(row)} and no longer matches the filter`);
     leaving.set(id, setTimeout(() => {
       leaving.delete(id);
       for (const child of descendants(row)) child.dataset.depth = String(Math.max(0, Number(child.dataset.depth) - 1));
@@ -214,18 +189,14 @@ function listPage(table) {
       `${newInOrder} new matching run${newInOrder === 1 ? "" : "s"}: reload to place them in this order`;
   }
 
-  const statusOf = (row) => (row.dataset.state === "ended" ? row.dataset.endCause : row.dataset.state);
+  // A row's status as the server wrote it.
+  const statusOf = (row) => row.querySelector('[data-field="status"]')?.textContent || "";
 
   function apply(run) {
     const row = rows.get(run.id);
     if (row) {
-      const before = statusOf(row);
-      if (!patchRow(row, run)) return false;
-      patchListFields(row, run);
-      redrawTimes();
-      const now = statusOf(row);
-      if (now !== before) announce(`Run ${run.id.slice(0, 8)} is ${now}`);
-      if (filtered) ask(run.id);
+      if (Number(row.dataset.version) >= run.version) return false;  // shown already
+      ask(run.id);
       return true;
     }
     if (newestFirst && !run.parent_id) {
@@ -310,8 +281,8 @@ function listPage(table) {
       return;
     }
     const budget = {};
-    for (const name of ["max_steps", "max_seconds", "max_tokens"]) {
-      if (form[name].value) budget[name] = Number(form[name].value);
+    for (const field of form.querySelectorAll("[data-budget]")) {  // the server's budgets
+      if (field.value) budget[field.name] = Number(field.value);
     }
     submit.disabled = true;
     try {
@@ -319,9 +290,9 @@ function listPage(table) {
       const found = await belonging([run.id]).catch(() => new Map([[run.id, null]]));
       if (found.has(run.id)) {
         if (!rows.has(run.id)) settle(run.id, found.get(run.id));
-        if (!newestFirst) notice(`Run ${run.id.slice(0, 8)} started.`, run.url, "Open it");
+        if (!newestFirst) notice(`Run ${shortId(run.id)} started.`, run.url, "Open it");
       } else {
-        notice(`Run ${run.id.slice(0, 8)} started, but the filter hides it.`, run.url, "Open it",
+        notice(`Run ${shortId(run.id)} started, but the filter hides it.`, run.url, "Open it",
           "/", "Show all runs");
       }
     } catch (problem) {

@@ -2,7 +2,7 @@
 // its children, the controls, the activity log as it grows, the live (uncommitted) output
 // of its model calls, and times shown in the reader's own zone.
 
-import { $, absoluteTime, Live, patchRow, relativeTime, span, toast } from "./common.js";
+import { $, absoluteTime, Live, relativeTime, shortId, showDurations, span, toast } from "./common.js";
 import { controls, send } from "./controls.js";
 
 // --- times ----------------------------------------------------------------------------------
@@ -72,6 +72,7 @@ function runPage(panel) {
       }
       if (link) panel.querySelector('[data-field="new-link"]')?.replaceWith(link);
       localTimes(panel);
+      showDurations(panel);
       tick();
     }, 50);
   };
@@ -83,11 +84,8 @@ function runPage(panel) {
     if (message.type === "run.changed" && inTree(message.run)) refresh();
     if (message.type === "snapshot") refresh();
   });
-  const apply = (run) => {
-    const row = panel.querySelector(`tr.run[data-run-id="${run.id}"]`);
-    if (row) patchRow(row, run);
-    refresh();
-  };
+  // A control's answer: the panel is rendered again by the server, as for a push.
+  const apply = () => refresh();
   return { apply, refresh };
 }
 
@@ -113,7 +111,7 @@ function panelActions(panel, page, control) {
       case "rerun":
         await run(async () => {
           const again = (await send("POST", `/api/runs/${runId}/rerun/`)).data;
-          toast(`Started run ${again.id.slice(0, 8)}.`);
+          toast(`Started run ${shortId(again.id)}.`);
           location.assign(again.url);
         });
         break;
@@ -190,6 +188,7 @@ function activityLog(section) {
         const follow = list.scrollTop + list.clientHeight >= list.scrollHeight - 8;
         list.append(...fresh);
         localTimes(list);
+        showDurations(list);
         if (follow) list.scrollTop = list.scrollHeight;
         const count = section.querySelector('[data-field="activity-count"]');
         if (count && !count.querySelector("a")) {
@@ -290,6 +289,7 @@ document.addEventListener("click", (event) => {
 });
 
 localTimes();
+showDurations();
 tick();
 setInterval(tick, 1000);
 

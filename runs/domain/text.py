@@ -1,0 +1,29 @@
+"""How text shown to people is shortened: one rule for every cut the code makes.
+
+A run's error, an activity line, a provider's error message, a value quoted back in an
+error: each is cut to a size, and a cut text ends with "…" so its reader knows there was
+more. Ids are shown by their first eight characters (a UUID's first group), in reasons,
+pages and the page's toasts alike.
+"""
+
+ELLIPSIS = "…"
+SHORT_ID = 8  # characters
+
+
+def clipped(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters, else its first ``limit - 1`` and
+    an ellipsis: never longer than ``limit``, so it fits a column of that size."""
+    if len(text) <= limit:
+        return text
+    return text[:max(limit - 1, 0)] + ELLIPSIS
+
+
+def short_id(value) -> str:
+    """An id as people read it in a sentence or a row: its first ``SHORT_ID`` characters."""
+    return str(value)[:SHORT_ID]
+
+
+def first_line(text: str | None) -> str:
+    """The first line of a text (an error, for a row whose whole text is in its title)."""
+    text = (text or "").strip()
+    return text.splitlines()[0] if text else ""
