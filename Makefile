@@ -21,11 +21,14 @@ var/secret_key:
 	$(PYTHON) -c "import secrets; print(secrets.token_urlsafe(50))" > $@
 	chmod 600 $@
 
+# The web process's memory settings, as the Procfile's (harness/processes.py, WEB_ENV, says why).
+WEB_MEMORY = PYTHONMALLOC=malloc GLIBC_TUNABLES=glibc.malloc.mmap_threshold=262144:glibc.malloc.trim_threshold=131072
+
 ## Install, migrate and start the whole system on the embedded defaults.
 run: $(STAMP) var/secret_key
 	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py migrate --no-input
 	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py collectstatic --no-input -v 0
-	SECRET_KEY=$$(cat var/secret_key) PYTHONMALLOC=malloc $(BIN)/python manage.py serve --port $(PORT)
+	SECRET_KEY=$$(cat var/secret_key) $(WEB_MEMORY) $(BIN)/python manage.py serve --port $(PORT)
 
 ## Lint once, then run the test suite on SQLite (the in-memory layer and broker). With
 ## DATABASE_URL=postgres://... set (and REDIS_URL=redis://... for the tests of real workers and

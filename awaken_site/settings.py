@@ -288,7 +288,7 @@ AWAKEN_REVIEW_LINK_SECONDS = envnumber("AWAKEN_REVIEW_LINK_SECONDS", "86400", mi
 
 # --- Limits on input ------------------------------------------------------------------
 
-# A request body over this is answered 413 before it is read (awaken_site/handlers.py);
+# A request body over this is answered 413 before it is read (awaken_site/body_limit.py);
 # Django's own check, which DRF's JSON parser goes through, uses the same figure.
 AWAKEN_MAX_BODY_BYTES = envnumber("AWAKEN_MAX_BODY_BYTES", str(1024 * 1024), minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = AWAKEN_MAX_BODY_BYTES
@@ -356,11 +356,6 @@ AWAKEN_SOCKET_BUFFER_BYTES = envnumber("AWAKEN_SOCKET_BUFFER_BYTES", "1048576", 
 # How often each web process re-checks the sessions, tokens and users of its open sockets.
 AWAKEN_SOCKET_RECHECK_SECONDS = envnumber("AWAKEN_SOCKET_RECHECK_SECONDS", "2", kind=float,
                                           minimum=0.05)
-# How the web process gives memory back after a burst of large requests (glibc only; see
-# awaken_site/memory.py): blocks from this size up are mapped on their own and unmapped when
-# freed, and the free pages of malloc's arenas are returned this often. 0 turns either off.
-AWAKEN_MALLOC_MMAP_BYTES = envnumber("AWAKEN_MALLOC_MMAP_BYTES", "262144", minimum=0)
-AWAKEN_MALLOC_TRIM_SECONDS = envnumber("AWAKEN_MALLOC_TRIM_SECONDS", "10", kind=float, minimum=0)
 
 CELERY_BROKER_URL = os.getenv("CELERY_BROKER_URL") or REDIS_URL or "memory://"
 CELERY_BROKER_TRANSPORT_OPTIONS = (

@@ -363,9 +363,16 @@ def _decoded(body: bytes):
         return body.decode(errors="replace")
 
 
-# What the Procfile's web process (and make run) start with: Python's objects allocated by
-# malloc, whose free pages the web process returns to the system (awaken_site/memory.py).
-WEB_ENV = {"PYTHONMALLOC": "malloc"}
+# What the Procfile's web process (and make run) start with, so that the memory a burst of
+# large requests took goes back to the system (README, Security): Python's objects are
+# allocated by malloc (not kept in Python's own arenas), and glibc's documented tunables fix
+# malloc's thresholds. A block from 256 KiB up (request and response bodies, JSON texts) is
+# mapped on its own and unmapped when freed, where by default the threshold rises after
+# each such block freed, up to 32 MiB; and free memory at the top of an arena over 128 KiB is
+# returned at once.
+WEB_ENV = {"PYTHONMALLOC": "malloc",
+           "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=262144"
+                             ":glibc.malloc.trim_threshold=131072"}
 
 
 class Web(Site):

@@ -20,7 +20,7 @@ from runs.changes.stream import stream
 from runs.domain import selectors
 from runs.domain.errors import RunNotFound
 from runs.domain.roles import is_viewer
-from runs.sockets.flow import SCOPE_KEY as FLOW
+from runs.sockets.daphne import SCOPE_KEY as TRANSPORT_PRODUCER
 from runs.sockets.recheck import REVOKED, Admission, rechecks
 
 MAX_COMMAND_CHARS = 1024  # a resume is some 40
@@ -82,11 +82,11 @@ class RunsConsumer(AsyncWebsocketConsumer):
                 await self.close()
                 return
         await self.accept()
-        flow = self.scope.get(FLOW)
+        producer = self.scope.get(TRANSPORT_PRODUCER)  # under daphne only
         self.outbox = Outbox(self.send_text, self.fell_behind, held=True,
                              max_bytes=settings.AWAKEN_SOCKET_BUFFER_BYTES,
-                             writable=flow.writable if flow is not None else None,
-                             write_now=flow.write_now if flow is not None else None)
+                             writable=producer.writable if producer is not None else None,
+                             write_now=producer.write_now if producer is not None else None)
         rechecks.add(self, self.admission(user))
         # Follow before the snapshot is read: a commit in between is sent after it (it may
         # be in the snapshot too; clients keep the newest version of each run).

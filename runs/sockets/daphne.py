@@ -1,0 +1,147 @@
+"""Back-pressure for websockets served by daphne: the one place that knows daphne, Twisted
+and autobahn.
+
+ASGI's ``send`` never waits: daphne writes each message into Twisted's transport at once, and
+a client that does not read leaves it all in the transport's buffer, without bound. Twisted's
+own back-pressure is a streaming producer (``IPushProducer``) registered on the transport: it
+is paused while the transport holds more than its buffer size (64 KiB) and resumed once that
+is written. So a ``TransportProducer`` is registered on each socket's transport, and the
+socket's outbox waits for it before each send (``runs.changes.outbox.Outbox``): what a client does
+not read waits in the outbox, which is bounded. Under another server nothing is registered,
+and the outbox bounds only what the server has not yet taken.
+
+What this relies on that daphne does not document, and ``tests/test_daphne_contract.py``
+checks on every upgrade:
+
+* daphne gives each application ``partial(server.handle_reply, protocol)`` as its ``send``:
+  the connection's protocol (autobahn's ``WebSocketServerProtocol``) is its first argument.
+  ASGI has no way to reach the transport, and without it a stalled client costs daphne
+  memory without bound.
+
+The rest is public API: Twisted's ``ITransport.write``, ``IConsumer.registerProducer`` /
+``unregisterProducer`` and ``FileDescriptor.producer``, and autobahn's ``state`` constants,
+``autoFragmentSize`` option and prepared messages (``prepareMessage`` on the factory,
+``sendPreparedMessage`` on the protocol, documented for sending one payload to many
+connections).
+
+A ``TransportProducer`` also writes a text message straight to its connection
+(``write_now``), without the ASGI ``send`` chain, when the connection is open and its
+transport takes more: the frame is built once and the same bytes go to every socket that
+gets the same text, which is what a fan-out to many sockets does.
+"""
+
+import asyncio
+import functools
+import logging
+
+log = logging.getLogger(__name__)
+
+SCOPE_KEY = "awaken.transport_producer"
+
+
+class TransportProducer:
+    """Whether a connection's transport takes more now: a Twisted push producer, called on
+    daphne's loop, which Twisted runs on asyncio. It passes each call on to the producer it
+    replaced (daphne's HTTP channel, which the connection began with and which stops reading
+    while the transport cannot write)."""
+
+    def __init__(self, replaced=None, protocol=None):
+        self._open = asyncio.Event()
+        self._open.set()
+        self._replaced = replaced
+        self._protocol = protocol
+
+    def pauseProducing(self) -> None:  # noqa: N802 (Twisted's names)
+        self._open.clear()
+        if self._replaced is not None:
+            self._replaced.pauseProducing()
+
+    def resumeProducing(self) -> None:  # noqa: N802
+        self._open.set()
+        if self._replaced is not None:
+            self._replaced.resumeProducing()
+
+    def stopProducing(self) -> None:  # noqa: N802  the connection is gone: let writers through
+        self._open.set()
+        if self._replaced is not None:
+            self._replaced.stopProducing()
+
+    @property
+    def paused(self) -> bool:
+        return not self._open.is_set()
+
+    async def writable(self) -> None:
+        """Return once the transport takes more."""
+        await self._open.wait()
+
+    def write_now(self, text: str) -> bool:
+        """Write ``text`` as one text message now, if the connection is open and its transport
+        takes more; False (nothing written) otherwise, and the caller sends it the ASGI way.
+
+        What daphne would check before a ``websocket.send`` is checked here: the handshake is
+        done and no close has begun (autobahn's state is OPEN once the socket is accepted and
+        until a close starts). The frame is never compressed (an uncompressed message is
+        valid on every connection); a connection set to fragment messages is left to
+        autobahn's own framing."""
+        protocol = self._protocol
+        if (protocol is None or not self._open.is_set()
+                or protocol.state != protocol.STATE_OPEN or protocol.autoFragmentSize):
+            return False
+        protocol.sendPreparedMessage(_prepared(protocol.factory, text))
+        return True
+
+
+_last: tuple = (None, None, None)  # (factory, text, prepared message) last built
+
+
+def _prepared(factory, text: str):
+    """The frame of ``text`` for the connections of ``factory``, built once for every socket
+    the same text goes to (a fan-out hands the same string to each)."""
+    global _last
+    built_for, built_text, message = _last
+    if built_text is not text or built_for is not factory:
+        message = factory.prepareMessage(text.encode(), isBinary=False, doNotCompress=True)
+        _last = (factory, text, message)
+    return message
+
+
+def daphne_protocol(send):
+    """The protocol of the connection whose ``send`` daphne gave, or None under another
+    server (or a daphne that no longer hands it over this way)."""
+    if isinstance(send, functools.partial) and send.args:
+        protocol = send.args[0]
+        if getattr(protocol, "transport", None) is not None:
+            return protocol
+    return None
+
+
+def attach(transport, protocol=None) -> TransportProducer | None:
+    """A ``TransportProducer`` registered on ``transport`` in place of its producer, or None
+    where it cannot be (a TLS transport of daphne's own: terminate TLS in front of it
+    instead). With the connection's ``protocol`` it can also ``write_now``."""
+    replaced = getattr(transport, "producer", None)
+    try:
+        if replaced is not None:
+            transport.unregisterProducer()
+        producer = TransportProducer(replaced, protocol)
+        transport.registerProducer(producer, True)
+    except (RuntimeError, ValueError):
+        log.warning("no back-pressure from %r: sockets are bounded by their outbox alone",
+                    transport)
+        return None
+    return producer
+
+
+class DaphneBackPressure:
+    """ASGI middleware for websockets: under daphne, a ``TransportProducer`` registered on
+    the connection's transport, in the scope as ``SCOPE_KEY``."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def __call__(self, scope, receive, send):
+        protocol = daphne_protocol(send)
+        producer = attach(protocol.transport, protocol) if protocol is not None else None
+        if producer is not None:
+            scope = {**scope, SCOPE_KEY: producer}
+        return await self.inner(scope, receive, send)

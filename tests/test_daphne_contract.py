@@ -1,0 +1,152 @@
+"""What runs/sockets/daphne.py relies on in daphne, Twisted and autobahn. When an upgrade
+changes one of these, this file fails, naming it, before a stalled client can cost the web
+process memory without bound (tests/test_socket_server.py holds the behaviour itself)."""
+
+import asyncio
+import functools
+
+import daphne.server  # installs Twisted's asyncio reactor, as daphne does when it starts
+from autobahn.websocket.protocol import PreparedMessage, WebSocketProtocol
+from daphne.ws_protocol import WebSocketFactory
+from daphne.ws_protocol import WebSocketProtocol as DaphneWebSocketProtocol
+from twisted.internet import abstract
+
+from runs.sockets.daphne import (
+    SCOPE_KEY,
+    DaphneBackPressure,
+    TransportProducer,
+    attach,
+    daphne_protocol,
+)
+
+
+class Connection:
+    """Stands for daphne's protocol object: the test needs only its identity and transport."""
+
+    def __init__(self, transport=None):
+        self.transport = transport or object()
+
+
+def test_daphne_hands_the_application_a_send_that_holds_the_protocol():
+    # The one undocumented piece: ``Server.create_application`` gives each application
+    # ``partial(server.handle_reply, protocol)``. If this fails, daphne hands the
+    # connection over differently: find the protocol anew in daphne_protocol().
+    seen = {}
+
+    async def application(scope, receive, send):
+        seen["send"] = send
+
+    async def create():
+        server = daphne.server.Server(application, endpoints=["tcp:port=0"])
+        connection = Connection()
+        server.connections = {connection: {}}  # as Server.run() keeps them
+        server.create_application(connection, {"type": "websocket", "path": "/"})
+        await asyncio.sleep(0)  # the application instance starts
+        return connection
+
+    connection = asyncio.run(create())
+    send = seen["send"]
+    assert isinstance(send, functools.partial), type(send)
+    assert send.args[:1] == (connection,)
+    assert daphne_protocol(send) is connection
+
+
+def test_a_send_of_another_server_finds_no_protocol():
+    async def send(message):
+        pass
+
+    assert daphne_protocol(send) is None
+    assert daphne_protocol(functools.partial(send)) is None
+
+
+def test_daphnes_websocket_protocol_is_autobahns_with_what_write_now_reads():
+    assert issubclass(DaphneWebSocketProtocol, WebSocketProtocol)
+    assert DaphneWebSocketProtocol.STATE_OPEN == WebSocketProtocol.STATE_OPEN
+    # autoFragmentSize is copied from the factory's options onto each connection.
+    assert "autoFragmentSize" in DaphneWebSocketProtocol.CONFIG_ATTRS
+    assert callable(DaphneWebSocketProtocol.sendPreparedMessage)
+    factory = WebSocketFactory(server_class=None)
+    message = factory.prepareMessage(b'{"a": 1}', isBinary=False, doNotCompress=True)
+    assert isinstance(message, PreparedMessage)
+    assert message.doNotCompress
+    assert message.payloadHybi == b"\x81\x08" + b'{"a": 1}'  # one unmasked text frame
+
+
+class Reactor:
+    """No event loop: the transport below only asks it to watch its socket."""
+
+    def addWriter(self, _):  # noqa: N802
+        pass
+
+    def removeWriter(self, _):  # noqa: N802
+        pass
+
+
+class Transport(abstract.FileDescriptor):
+    """Twisted's own buffered transport (the base of its TCP connections), on no socket."""
+
+    def __init__(self):
+        super().__init__(reactor=Reactor())
+        self.connected = True
+        self.client_reads = False
+
+    def writeSomeData(self, data):  # noqa: N802  what the socket takes
+        return len(data) if self.client_reads else 0
+
+
+class Producer:
+    def __init__(self):
+        self.calls = []
+
+    def pauseProducing(self):  # noqa: N802
+        self.calls.append("pause")
+
+    def resumeProducing(self):  # noqa: N802
+        self.calls.append("resume")
+
+    def stopProducing(self):  # noqa: N802
+        self.calls.append("stop")
+
+
+def test_twisteds_transport_takes_the_producer_in_place_of_its_own():
+    transport = Transport()
+    replaced = Producer()
+    transport.registerProducer(replaced, True)
+    assert transport.producer is replaced  # FileDescriptor.producer, read by attach()
+
+    producer = attach(transport)
+    assert isinstance(producer, TransportProducer)
+    assert transport.producer is producer
+    assert not producer.paused
+
+
+def test_twisteds_transport_pauses_the_producer_past_its_buffer_and_passes_it_on():
+    transport = Transport()
+    replaced = Producer()
+    transport.registerProducer(replaced, True)
+    producer = attach(transport)
+    transport.write(b"x" * (transport.bufferSize + 1))  # a client that does not read
+    assert producer.paused
+    assert replaced.calls == ["pause"]
+    transport.client_reads = True
+    transport.doWrite()  # the reactor's call once the socket takes more: the buffer drains
+    assert not producer.paused
+    assert replaced.calls == ["pause", "resume"]
+
+
+def test_the_middleware_puts_the_producer_in_the_scope_under_daphne_only():
+    seen = []
+
+    async def inner(scope, receive, send):
+        seen.append(scope)
+
+    async def reply(protocol, message):
+        pass
+
+    transport = Transport()
+    connection = Connection(transport)
+    middleware = DaphneBackPressure(inner)
+    asyncio.run(middleware({"type": "websocket"}, None, functools.partial(reply, connection)))
+    asyncio.run(middleware({"type": "websocket"}, None, functools.partial(reply)))
+    assert seen[0][SCOPE_KEY] is transport.producer
+    assert SCOPE_KEY not in seen[1]
