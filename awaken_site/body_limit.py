@@ -1,21 +1,17 @@
 """Request bodies over ``AWAKEN_MAX_BODY_BYTES`` are refused before Django reads them.
 
-Django's ASGI handler reads the whole body into a temporary file (spooled to disk past
-``FILE_UPLOAD_MAX_MEMORY_SIZE``) before any middleware or view runs, so nothing inside Django
-can refuse a large body before it has been taken in. This ASGI middleware sits in front of
-Django's handler and answers 413 ``too_large`` (the body of ``runs.api.errors.too_large_body``)
-for every route:
+Django reads the whole body before any middleware or view runs, so nothing inside Django can
+refuse a large body before it has been taken in. This ASGI middleware sits in front of it and
+answers 413 ``too_large`` (the body of ``runs.api.errors.too_large_body``) for every route:
 
-1. a request whose ``Content-Length`` announces more than the limit is answered at once, and
-   Django never sees it;
-2. otherwise the body's chunks are counted as Django receives them; at the chunk that takes it
-   over the limit Django is told the client went away (``http.disconnect``, upon which Django
-   ends the request without answering), and the 413 is sent instead;
-3. once the whole body is in, ``receive`` is the server's own again: Django waits on it for
-   the client's disconnect while the view runs.
+1. a request whose ``Content-Length`` announces more than the limit is answered at once;
+2. otherwise the body is read here, chunk by chunk, and answered 413 at the chunk that takes
+   it over the limit, without reading further; the application is never called;
+3. a body within the limit is handed to the application as one ``http.request`` message, and
+   after it ``receive`` is the server's own again (a disconnect reaches the application).
 
-A client that disconnects mid-body reaches Django as it is, and Django ends the request
-quietly. Only the ASGI specification is relied on, not Django's handler's insides.
+A client that disconnects mid-body ends the request here, quietly. Only the ASGI
+specification is relied on.
 """
 
 from django.conf import settings
@@ -37,38 +33,34 @@ class BodySizeLimit:
         limit = settings.AWAKEN_MAX_BODY_BYTES
         if declared_length(scope) > limit:
             return await send_too_large(send)
-        body = CountedBody(receive, limit)
-        await self.app(scope, body.receive, send)
-        if body.over_limit:
-            await send_too_large(send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away mid-body
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return await send_too_large(send)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return await self.app(scope, ReadBody(b"".join(chunks), receive).receive, send)
 
 
-class CountedBody:
-    """A ``receive`` that counts the body's bytes, and ends the body, as a disconnect, at
-    the chunk that takes it over ``limit``."""
+class ReadBody:
+    """A ``receive`` that gives the body already read, then passes on to the server's."""
 
-    def __init__(self, receive, limit: int):
+    def __init__(self, body: bytes, receive):
+        self.body = body
         self.server_receive = receive
-        self.limit = limit
-        self.size = 0
-        self.complete = False
-        self.over_limit = False
+        self.given = False
 
     async def receive(self) -> dict:
-        if self.complete:  # after the body: the disconnect Django listens for
+        if self.given:
             return await self.server_receive()
-        if self.over_limit:  # Django was told already; it does not ask again
-            return {"type": "http.disconnect"}
-        message = await self.server_receive()
-        if message["type"] != "http.request":
-            return message
-        self.size += len(message.get("body", b""))
-        if self.size > self.limit:
-            self.over_limit = True
-            return {"type": "http.disconnect"}
-        if not message.get("more_body", False):
-            self.complete = True
-        return message
+        self.given = True
+        return {"type": "http.request", "body": self.body, "more_body": False}
 
 
 async def send_too_large(send) -> None:

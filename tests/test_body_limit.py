@@ -1,4 +1,4 @@
-"""The HTTP side of the ASGI application (awaken_site/asgi.py): Django's own handler behind
+"""The HTTP side of the ASGI application (awaken_site/asgi.py): Django behind
 awaken_site/body_limit.py, which refuses bodies over the limit before Django reads them,
 lets a client that leaves mid-body end its request quietly, and leaves the server's
 ``receive`` to Django once the body is in."""
@@ -12,7 +12,7 @@ from asgiref.testing import ApplicationCommunicator
 from django.core.handlers.asgi import ASGIHandler
 
 from awaken_site.asgi import application
-from awaken_site.body_limit import BodySizeLimit, CountedBody
+from awaken_site.body_limit import BodySizeLimit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -134,20 +134,22 @@ def test_a_client_that_leaves_mid_body_ends_the_request_quietly():
 
 
 def test_after_the_body_receive_is_the_servers_own():
-    # It should hand Django the server's later messages: Django waits on them for the
-    # client's disconnect while the view runs.
+    # The application gets the body whole, then the server's later messages (the client's
+    # disconnect, say).
     server = asyncio.Queue()
     for message in ({"type": "http.request", "body": b"ab", "more_body": True},
                     {"type": "http.request", "body": b"c"},
                     {"type": "http.disconnect"}):
         server.put_nowait(message)
+    received = []
 
-    async def receive_all():
-        body = CountedBody(server.get, limit=3)
-        return [await body.receive() for _ in range(3)]
+    async def inner(scope, receive, send):
+        received.append(await receive())
+        received.append(await receive())
 
-    received = async_to_sync(receive_all)()
-    assert [m["type"] for m in received] == ["http.request", "http.request", "http.disconnect"]
+    async_to_sync(BodySizeLimit(inner))(http_scope("POST", "/api/runs/"), server.get, None)
+    assert received == [{"type": "http.request", "body": b"abc", "more_body": False},
+                        {"type": "http.disconnect"}]
     assert server.empty()
 
 
