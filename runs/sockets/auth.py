@@ -5,7 +5,6 @@ session cookie and must come from this site's own origin, decided as Django's CS
 decides it for a POST. Anyone else is refused by the consumer.
 """
 
-import io
 from collections import defaultdict
 from urllib.parse import urlsplit
 
@@ -15,7 +14,7 @@ from channels.security.websocket import WebsocketDenier
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import DisallowedHost
-from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest
 from django.utils.http import is_same_domain
 
 from runs.domain.errors import TooManyFailures
@@ -48,14 +47,12 @@ def origin_allowed(scope) -> bool:
     origin check with: exactly the scheme, host and port the request was sent to (the host
     one of ``ALLOWED_HOSTS``, the scheme as ``SECURE_PROXY_SSL_HEADER`` says), or one of
     ``CSRF_TRUSTED_ORIGINS``, wildcards included."""
-    secure = scope.get("scheme") in ("wss", "https")
-    request = ASGIRequest({**scope, "type": "http", "method": "GET",
-                           "scheme": "https" if secure else "http"}, io.BytesIO())
+    request = handshake_request(scope)
     origin = request.META.get("HTTP_ORIGIN")
     if not origin:
         return False
     try:
-        if origin == f"{request.scheme}://{request.get_host()}":
+        if origin == f"{handshake_scheme(scope, request)}://{request.get_host()}":
             return True
     except DisallowedHost:
         pass
@@ -70,6 +67,31 @@ def origin_allowed(scope) -> bool:
     except ValueError:
         return False
     return any(is_same_domain(parsed.netloc, domain) for domain in subdomains[parsed.scheme])
+
+
+def handshake_request(scope) -> HttpRequest:
+    """A plain request carrying the handshake's headers and server address, for Django's own
+    ``get_host`` (which checks ``ALLOWED_HOSTS``)."""
+    request = HttpRequest()
+    for name, value in scope.get("headers", ()):
+        key = name.decode("latin-1").upper().replace("-", "_")
+        request.META[f"HTTP_{key}"] = value.decode("latin-1")
+    server = scope.get("server") or ("localhost", 80)
+    request.META["SERVER_NAME"] = server[0]
+    request.META["SERVER_PORT"] = str(server[1] if server[1] is not None else 80)
+    return request
+
+
+def handshake_scheme(scope, request: HttpRequest) -> str:
+    """The scheme a POST from the same page would have had: as the TLS proxy's header says
+    when ``SECURE_PROXY_SSL_HEADER`` is set (as ``HttpRequest.scheme`` reads it), else as
+    the connection was made."""
+    if settings.SECURE_PROXY_SSL_HEADER:
+        header, secure_value = settings.SECURE_PROXY_SSL_HEADER
+        value = request.META.get(header)
+        if value is not None:
+            return "https" if value.split(",", 1)[0].strip() == secure_value else "http"
+    return "https" if scope.get("scheme") in ("wss", "https") else "http"
 
 
 class SocketAuth:
