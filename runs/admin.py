@@ -1,4 +1,4 @@
-"""A read-mostly console: state changes only through actions that call the services."""
+"""A read-mostly console: state changes only through actions that call the domain."""
 
 import uuid
 
@@ -26,7 +26,7 @@ SOURCE = "admin"
 
 
 def _apply(modeladmin, request, queryset, verb: str, call) -> None:
-    """Call the service for each selected row; count what it did and what it refused."""
+    """Call the domain for each selected row; count what it did and what it refused."""
     done, unchanged, refused = 0, 0, []
     for pk in queryset.values_list("pk", flat=True):
         try:
@@ -94,7 +94,7 @@ def resume_runs(modeladmin, request, queryset):
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows are written by the services only, and never deleted: they are the audit trail."""
+    """Rows are written by the domain only, and never deleted: they are the audit trail."""
 
     def has_add_permission(self, request):
         return False

@@ -700,7 +700,7 @@ class BulkJob(models.Model):
     done = models.PositiveIntegerField(default=0, help_text="Runs handled so far.")
     applied = models.PositiveIntegerField(default=0, help_text="Handled: request recorded.")
     unchanged = models.PositiveIntegerField(default=0, help_text="Handled: already ended.")
-    refused = models.PositiveIntegerField(default=0, help_text="Handled: the service refused.")
+    refused = models.PositiveIntegerField(default=0, help_text="Handled: the domain refused.")
     requested_by = models.CharField(max_length=150)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -753,7 +753,7 @@ class ItemOutcome(models.TextChoices):
     PENDING = "pending", "Pending"  # not handled yet
     APPLIED = "applied", "Applied"  # the request was recorded (and the run ended, or told)
     UNCHANGED = "unchanged", "Unchanged"  # the run had already ended: nothing to do
-    REFUSED = "refused", "Refused"  # the service refused; ``detail`` says why
+    REFUSED = "refused", "Refused"  # the domain refused; ``detail`` says why
 
 
 class BulkItem(models.Model):

@@ -1,6 +1,6 @@
-"""Put runs into a given state through the services, as production does."""
+"""Put runs into a given state through the domain, as production does."""
 
-from runs import domain as services
+from runs import domain
 from runs.models import Run
 
 OWNER = "test-worker:1"
@@ -8,17 +8,17 @@ OWNER = "test-worker:1"
 
 def queued_run(agent: str = "demo.steps", **kwargs) -> Run:
     """A queued run that no worker is asked to take: the test plays the attempts."""
-    run, _ = services.run_create(agent=agent, dispatch=False, **kwargs)
+    run, _ = domain.run_create(agent=agent, dispatch=False, **kwargs)
     return run
 
 
 def running_run(**kwargs) -> tuple[Run, int]:
     run = queued_run(**kwargs)
-    attempt = services.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=30)
+    attempt = domain.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=30)
     return Run.objects.get(pk=run.id), attempt.generation
 
 
 def awaiting_run(**kwargs) -> tuple[Run, str]:
     run, generation = running_run(**kwargs)
-    ticket = services.attempt_pause(run_id=run.id, generation=generation)
+    ticket = domain.attempt_pause(run_id=run.id, generation=generation)
     return Run.objects.get(pk=run.id), str(ticket.pk)

@@ -1,8 +1,8 @@
-"""The admin: read-only rows, and actions that go through the services as source ``admin``."""
+"""The admin: read-only rows, and actions that go through the domain as source ``admin``."""
 
 import pytest
 
-from runs import domain as services
+from runs import domain
 from runs.models import Attempt, ControlIntent, Event, ResumeTicket, Run, TicketState
 from tests.conftest import browser_for, make_user
 from tests.factories import awaiting_run, queued_run, running_run
@@ -113,7 +113,7 @@ def audit_trail(db) -> dict:
     """A row of every run-control model: a running run asked to stop (attempt, intent,
     events) and an awaiting run (ticket)."""
     running, _ = running_run()
-    services.run_stop(run_id=running.id, actor="ada", source="admin", reason="r")
+    domain.run_stop(run_id=running.id, actor="ada", source="admin", reason="r")
     awaiting, ticket_id = awaiting_run()
     return {"run": running.pk, "attempt": Attempt.objects.get(run=running).pk,
             "controlintent": ControlIntent.objects.get(run=running).pk,

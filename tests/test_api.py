@@ -11,7 +11,7 @@ from drf_spectacular.generators import SchemaGenerator
 from rest_framework import serializers
 from rest_framework.test import APIClient
 
-from runs import domain as services
+from runs import domain
 from runs.domain import selectors
 from runs.domain.representation import bulk_data, event_data, run_data, when
 from runs.models import BulkJob, Event, Run
@@ -84,7 +84,7 @@ def test_create_with_an_idempotency_key_replays(op_client):
 
 def test_list_filters_and_pages_newest_first(op_client):
     runs = [queued_run(agent="demo.steps", thread_id="t") for _ in range(5)]
-    services.run_cancel(run_id=runs[0].id, actor="olga", source="api")
+    domain.run_cancel(run_id=runs[0].id, actor="olga", source="api")
     body = op_client.get("/api/runs/?limit=2").json()
     assert [r["id"] for r in body["results"]] == [str(runs[4].id), str(runs[3].id)]
     seen = [r["id"] for r in body["results"]]
@@ -99,7 +99,7 @@ def test_list_filters_and_pages_newest_first(op_client):
 
 def test_detail_and_events(viewer_client):
     run = queued_run()
-    services.run_cancel(run_id=run.id, actor="olga", source="api", reason="why not")
+    domain.run_cancel(run_id=run.id, actor="olga", source="api", reason="why not")
     detail = viewer_client.get(f"/api/runs/{run.id}/").json()
     assert detail["end_cause"] == "cancelled" and detail["version"] == 3
     assert detail["control"]["action"] == "cancel"
@@ -511,9 +511,9 @@ def runs_of_every_shape(db) -> dict:
                        input={"steps": 2}, start_after=timezone.now() - timedelta(seconds=1))
     awaiting, _ = awaiting_run()
     running, generation = running_run()
-    services.run_stop(run_id=running.id, actor="olga", source="api", reason="budget")
-    services.attempt_step(run_id=running.id, generation=generation, tokens=7)
-    services.run_cancel(run_id=parent.id, actor="olga", source="api")
+    domain.run_stop(run_id=running.id, actor="olga", source="api", reason="budget")
+    domain.attempt_step(run_id=running.id, generation=generation, tokens=7)
+    domain.run_cancel(run_id=parent.id, actor="olga", source="api")
     made = {"ended-parent": parent, "child": child, "awaiting": awaiting, "stopping": running}
     runs = {shape: Run.objects.get(pk=run.id) for shape, run in made.items()}
     # Every part is covered.
@@ -555,7 +555,7 @@ def test_events_as_the_api_writes_them_are_what_the_document_declares(runs_of_ev
 
 
 def test_a_bulk_job_as_the_api_writes_it_is_what_the_document_declares(runs_of_every_shape):
-    job = services.bulk_create(action="cancel", requested_by="olga", source="api",
+    job = domain.bulk_create(action="cancel", requested_by="olga", source="api",
                                ids=[run.id for run in runs_of_every_shape.values()])
     _check_answer("BulkJob", bulk_data(BulkJob.objects.get(pk=job.pk)))
 

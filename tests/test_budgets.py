@@ -7,7 +7,7 @@ import re
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 
-from runs import domain as services
+from runs import domain
 from runs.domain import limits
 from runs.domain.errors import InvalidRequest
 from runs.models import Run
@@ -44,7 +44,7 @@ REFUSED = {
 
 def made_by_domain(budget) -> bool:
     try:
-        services.run_create(agent="demo.steps", budget=budget, dispatch=False)
+        domain.run_create(agent="demo.steps", budget=budget, dispatch=False)
     except InvalidRequest as refused:
         assert refused.field == "budget"
         return False
@@ -93,9 +93,9 @@ def test_every_entry_point_refuses_a_bad_budget_and_stores_nothing(op_client, en
 
 def test_run_again_and_child_runs_keep_a_budget_below_a_millisecond(op_client):
     """Run again (and a parent's child runs) make their runs through the same rule."""
-    old, _ = services.run_create(agent="demo.steps", budget={"max_seconds": 0.0005},
+    old, _ = domain.run_create(agent="demo.steps", budget={"max_seconds": 0.0005},
                                  dispatch=False)
-    again, created = services.run_rerun(run_id=old.id)
+    again, created = domain.run_rerun(run_id=old.id)
     assert created and again.max_seconds == 0.0005
 
 

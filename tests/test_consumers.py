@@ -13,7 +13,7 @@ from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
 
 from awaken_site.asgi import application
-from runs import domain as services
+from runs import domain
 from runs.changes.stream import stream
 from runs.domain import selectors
 from runs.domain.keys import api_key_issue
@@ -26,7 +26,7 @@ from tests.factories import queued_run
 
 # Transactional: the consumers' database calls close and reopen connections, as they do
 # in production, which a test wrapped in one transaction cannot survive on PostgreSQL. The
-# services' on-commit broadcasts then run for real.
+# the domain's on-commit broadcasts then run for real.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -102,7 +102,7 @@ def test_snapshot_then_pushes_in_seq_order(viewer):
 
         def transitions():
             run = queued_run()
-            services.run_cancel(run_id=run.id, actor="olga", source="api")
+            domain.run_cancel(run_id=run.id, actor="olga", source="api")
             return run
 
         run = await database_sync_to_async(transitions)()
@@ -130,7 +130,7 @@ def test_one_runs_socket_gets_only_that_run(viewer):
 
         def cancel_both():
             for run in (other, mine):
-                services.run_cancel(run_id=run.id, actor="olga", source="api")
+                domain.run_cancel(run_id=run.id, actor="olga", source="api")
 
         await database_sync_to_async(cancel_both)()
         pushed = [await communicator.receive_json_from(timeout=5) for _ in range(2)]
@@ -156,7 +156,7 @@ def test_a_socket_for_an_unknown_run_is_refused(viewer, path):
 def test_resume_replays_the_committed_events_after_seq(viewer):
     run = queued_run()
     seen = Event.objects.latest("seq").seq
-    services.run_cancel(run_id=run.id, actor="olga", source="api")
+    domain.run_cancel(run_id=run.id, actor="olga", source="api")
     later = queued_run()
     expected = list(Event.objects.filter(seq__gt=seen).order_by("seq")
                     .values_list("seq", flat=True))
@@ -358,7 +358,7 @@ def test_a_run_too_large_to_push_whole_is_pushed_truncated(viewer):
         assert snapshot[str(small.id)]["input"] == {"steps": 1}
         assert "truncated" not in snapshot[str(small.id)]
 
-        await database_sync_to_async(services.run_cancel)(run_id=run.id, actor="olga",
+        await database_sync_to_async(domain.run_cancel)(run_id=run.id, actor="olga",
                                                           source="api")
         for _ in range(2):  # cancel_requested, ended
             pushed = runs_of(await communicator.receive_from(timeout=5))[str(run.id)]
@@ -377,7 +377,7 @@ def test_a_snapshot_or_a_replay_never_loads_the_input_of_a_run_too_large_to_push
     """A socket asking for replays over and over must not have the web process load large
     inputs over and over, only to leave them out."""
     large = queued_run(input={"blob": "x" * 200_000})
-    services.run_cancel(run_id=large.id, actor="olga", source="api")
+    domain.run_cancel(run_id=large.id, actor="olga", source="api")
     small = queued_run(input={"steps": 1})
     with CaptureQueriesContext(connection) as queries:
         snapshot = json.loads(selectors.socket_snapshot())
@@ -415,7 +415,7 @@ def test_a_waiting_call_gets_a_large_run_whole(operator):
     big = {"blob": "x" * 200_000}
     run = queued_run(input=big)
     with stream.watch(run.id) as watch:
-        services.run_cancel(run_id=run.id, actor="olga", source="api")
+        domain.run_cancel(run_id=run.id, actor="olga", source="api")
         pushed = watch.next(timeout=5)
     assert pushed["input"] == big and "truncated" not in pushed
 

@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from harness.processes import wait_until
-from runs import domain as services
+from runs import domain
 from runs.models import Event, EventKind, Run, RunState
 from tests.conftest import client_for, make_user
 
@@ -237,11 +237,11 @@ def test_pause_of_a_run_that_is_not_running_is_not_active(worker, api):
 
 
 def sweep_until(predicate, timeout: float, what: str):
-    return wait_until(lambda: (services.sweep(), predicate())[1], timeout, what)
+    return wait_until(lambda: (domain.sweep(), predicate())[1], timeout, what)
 
 
 def start_on(process, agent, input=None) -> str:
-    run, _ = services.run_create(agent=agent, input=input or {}, dispatch=False)
+    run, _ = domain.run_create(agent=agent, input=input or {}, dispatch=False)
     process.take(run.id)
     return str(run.id)
 
@@ -303,7 +303,7 @@ def test_a_frozen_attempt_is_fenced_after_a_reclaim(worker, spare_worker, settin
 
 def test_a_lost_dispatch_is_sent_again(worker, api, settings):
     settings.AWAKEN_LEASE_SECONDS = 0.5
-    run, _ = services.run_create(agent="demo.steps", input={"steps": 1, "step_seconds": 0.01},
+    run, _ = domain.run_create(agent="demo.steps", input={"steps": 1, "step_seconds": 0.01},
                                  dispatch=False)
     Run.objects.filter(pk=run.id).update(dispatched_at=run.created_at)  # "sent", then lost
     sweep_until(lambda: run_of(run.id).state == RunState.ENDED, 10, "the re-dispatch")

@@ -1,9 +1,9 @@
 """What JSON from outside must be before it is stored (runs/domain/limits.py), checked by
-the services themselves, whichever interface calls them."""
+the domain themselves, whichever interface calls them."""
 
 import pytest
 
-from runs import domain as services
+from runs import domain
 from runs.domain import limits
 from runs.domain.errors import InvalidRequest
 from tests.conftest import db_state
@@ -51,11 +51,11 @@ def test_every_service_that_takes_json_refuses_it_and_changes_nothing(value):
     awaiting, ticket = awaiting_run()
     before = db_state()
     calls = [
-        lambda: services.run_create(agent="demo.steps", input=value, dispatch=False),
-        lambda: services.runs_create(runs=[{"agent": "demo.steps", "input": value}]),
-        lambda: services.run_resume(run_id=awaiting.id, ticket_id=ticket, input=value,
+        lambda: domain.run_create(agent="demo.steps", input=value, dispatch=False),
+        lambda: domain.runs_create(runs=[{"agent": "demo.steps", "input": value}]),
+        lambda: domain.run_resume(run_id=awaiting.id, ticket_id=ticket, input=value,
                                     actor="olga", source="cli"),
-        lambda: services.run_live_command(run_id=queued.id, command="message", message=value,
+        lambda: domain.run_live_command(run_id=queued.id, command="message", message=value,
                                      actor="olga", source="cli"),
     ]
     for call in calls:
@@ -67,10 +67,10 @@ def test_every_service_that_takes_json_refuses_it_and_changes_nothing(value):
 def test_an_input_over_the_setting_is_refused(settings):
     settings.AWAKEN_MAX_INPUT_BYTES = 100
     fits = {"a": "é" * 46}  # 8 bytes of structure and 92 of text: 100
-    services.run_create(agent="demo.steps", input=fits, dispatch=False)
+    domain.run_create(agent="demo.steps", input=fits, dispatch=False)
     with pytest.raises(InvalidRequest, match="larger than 100 bytes"):
-        services.run_create(agent="demo.steps", input={"a": "é" * 47}, dispatch=False)
+        domain.run_create(agent="demo.steps", input={"a": "é" * 47}, dispatch=False)
     awaiting, ticket = awaiting_run()
     with pytest.raises(InvalidRequest):
-        services.run_resume(run_id=awaiting.id, ticket_id=ticket, input=["x" * 100],
+        domain.run_resume(run_id=awaiting.id, ticket_id=ticket, input=["x" * 100],
                             actor="olga", source="cli")

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.http import QueryDict
 
-from runs import domain as services
+from runs import domain
 from runs.pages import filters
 from tests.conftest import browser_for, make_user
 from tests.factories import queued_run
@@ -48,7 +48,7 @@ def test_unusable_filter_values_are_named_and_left_out():
 
 def test_the_page_filters_by_several_states_and_says_what_was_ignored():
     kept, ended = queued_run("demo.steps"), queued_run("demo.hang")
-    services.run_cancel(run_id=ended.id, actor="olga", source="api")
+    domain.run_cancel(run_id=ended.id, actor="olga", source="api")
     other = queued_run("demo.fail")
     client = browser_for(make_user("vic", "viewer"))
     page = client.get("/", {"status": ["queued", "cancelled"], "by_agent": "demo.steps"})
@@ -96,7 +96,7 @@ def test_children_follow_their_parent_on_the_page():
 
 def test_the_rows_asked_about_are_those_that_match_the_filter():
     queued, ended = queued_run(), queued_run()
-    services.run_cancel(run_id=ended.id, actor="olga", source="api")
+    domain.run_cancel(run_id=ended.id, actor="olga", source="api")
     client = browser_for(make_user("vic", "viewer"))
     asked = f"{queued.id},{ended.id}"
     assert ids(client.get("/runs/rows/", {"status": "queued", "ids": asked})
@@ -123,7 +123,7 @@ def test_the_overview_and_bulk_pages_need_a_role(path):
 
 def test_the_bulk_page_lists_jobs_and_viewers_get_no_abort():
     run = queued_run()
-    services.bulk_create(action="cancel", ids=[run.id], requested_by="olga",
+    domain.bulk_create(action="cancel", ids=[run.id], requested_by="olga",
                          created_by=None, source="ui")
     operator = browser_for(make_user("olga", "operator")).get("/bulk/").content.decode()
     viewer = browser_for(make_user("vic", "viewer")).get("/bulk/").content.decode()

@@ -10,7 +10,7 @@ from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
-from runs import domain as services
+from runs import domain
 from runs.domain.core import Ending
 from runs.domain.overview import time_to_stop
 from runs.domain.totals import fold, totals
@@ -53,38 +53,38 @@ def test_every_transition_path_keeps_the_totals_equal_to_a_count_of_the_tables()
     assert_totals_match()
     # Created one by one, in a batch, again; claimed, stepped, completed, failed.
     run, generation = running_run()
-    services.attempt_step(run_id=run.id, generation=generation, tokens=3)
+    domain.attempt_step(run_id=run.id, generation=generation, tokens=3)
     assert_totals_match()
-    services.attempt_finish(run_id=run.id, generation=generation,
+    domain.attempt_finish(run_id=run.id, generation=generation,
                             ending=Ending.completed({"ok": True}))
-    services.runs_create(runs=[{"agent": "demo.steps"}, {"agent": "demo.steps"}])
-    services.run_rerun(run_id=run.id)
+    domain.runs_create(runs=[{"agent": "demo.steps"}, {"agent": "demo.steps"}])
+    domain.run_rerun(run_id=run.id)
     failing, generation = running_run()
-    services.attempt_finish(run_id=failing.id, generation=generation,
+    domain.attempt_finish(run_id=failing.id, generation=generation,
                             ending=Ending.failed("boom"))
     assert_totals_match()
 
     # Cancel and stop, by the durable path (queued, awaiting) and the live one (running).
-    services.run_cancel(run_id=queued_run().id, actor="op", source="api")
+    domain.run_cancel(run_id=queued_run().id, actor="op", source="api")
     awaiting, _ = awaiting_run()
-    services.run_stop(run_id=awaiting.id, actor="op", source="api", reason="enough")
+    domain.run_stop(run_id=awaiting.id, actor="op", source="api", reason="enough")
     running, generation = running_run()
-    services.run_cancel(run_id=running.id, actor="op", source="api")
+    domain.run_cancel(run_id=running.id, actor="op", source="api")
     assert_totals_match()  # an intent pending: nothing applied yet
-    services.attempt_interrupted(run_id=running.id, generation=generation,
+    domain.attempt_interrupted(run_id=running.id, generation=generation,
                                  accepted_at=timezone.now())
     assert_totals_match()
 
     # Pause, resume, a policy stop; a parent ending with its children.
     paused, ticket = awaiting_run()
-    services.run_resume(run_id=paused.id, ticket_id=ticket, actor="op", source="api")
+    domain.run_resume(run_id=paused.id, ticket_id=ticket, actor="op", source="api")
     over, generation = running_run()
-    services.attempt_stop_by_policy(run_id=over.id, generation=generation, code="max_steps",
+    domain.attempt_stop_by_policy(run_id=over.id, generation=generation, code="max_steps",
                                     reason="Step budget reached.")
     parent, generation = running_run()
     child = queued_run(parent_id=parent.id)
     running_child = running_run(parent_id=parent.id)[0]
-    services.attempt_finish(run_id=parent.id, generation=generation, ending=Ending.completed())
+    domain.attempt_finish(run_id=parent.id, generation=generation, ending=Ending.completed())
     assert Run.objects.get(pk=child.id).state == RunState.ENDED
     assert ControlIntent.objects.filter(run_id=running_child.id, applied_at=None).exists()
     assert_totals_match()
@@ -95,9 +95,9 @@ def test_every_transition_path_keeps_the_totals_equal_to_a_count_of_the_tables()
         lost, generation = running_run()
         Run.objects.filter(pk=lost.id).update(crash_retries=retries)
         if cancel:
-            services.run_cancel(run_id=lost.id, actor="op", source="api")
+            domain.run_cancel(run_id=lost.id, actor="op", source="api")
         expire(lost.id)
-        assert services.attempt_expire(run_id=lost.id, generation=generation,
+        assert domain.attempt_expire(run_id=lost.id, generation=generation,
                                        max_crash_retries=3) is not None
         if retries == 99:
             lost_without_intent = lost.id
@@ -105,8 +105,8 @@ def test_every_transition_path_keeps_the_totals_equal_to_a_count_of_the_tables()
     assert_totals_match()
 
     # History brought in bulk, and a run deleted with its attempts (one lost among them).
-    services.runs_import(agent="demo.steps", count=25)
-    services.runs_import(agent="demo.steps", count=5, ended=False)
+    domain.runs_import(agent="demo.steps", count=25)
+    domain.runs_import(agent="demo.steps", count=5, ended=False)
     assert_totals_match()
     Run.objects.filter(pk=lost_without_intent).delete()
     assert Attempt.objects.filter(close_reason=CloseReason.LOST).count() == 2
@@ -116,8 +116,8 @@ def test_every_transition_path_keeps_the_totals_equal_to_a_count_of_the_tables()
 def test_a_fold_leaves_one_row_per_total_and_the_totals_as_they_were():
     for _ in range(5):
         run, generation = running_run()
-        services.attempt_finish(run_id=run.id, generation=generation, ending=Ending.completed())
-    services.run_cancel(run_id=queued_run().id, actor="op", source="api")
+        domain.attempt_finish(run_id=run.id, generation=generation, ending=Ending.completed())
+    domain.run_cancel(run_id=queued_run().id, actor="op", source="api")
     assert MetricDelta.objects.count() > 10
     first = totals()
     fold()
@@ -144,11 +144,11 @@ def test_the_migration_counts_what_the_tables_held_before_its_triggers():
     gave for them."""
     for _ in range(3):
         run, generation = running_run()
-        services.attempt_finish(run_id=run.id, generation=generation, ending=Ending.completed())
-    services.run_cancel(run_id=queued_run().id, actor="op", source="api")
+        domain.attempt_finish(run_id=run.id, generation=generation, ending=Ending.completed())
+    domain.run_cancel(run_id=queued_run().id, actor="op", source="api")
     lost, generation = running_run()
     expire(lost.id)
-    services.attempt_expire(run_id=lost.id, generation=generation, max_crash_retries=3)
+    domain.attempt_expire(run_id=lost.id, generation=generation, max_crash_retries=3)
     kept = totals()
     migration = importlib.import_module("runs.migrations.0017_metric_totals")
     took = (migration.pg_took("r") if connection.vendor == "postgresql"
@@ -165,8 +165,8 @@ def test_the_migration_counts_what_the_tables_held_before_its_triggers():
 
 def test_the_metrics_page_serves_the_kept_totals(client):
     run, generation = running_run()
-    services.attempt_finish(run_id=run.id, generation=generation, ending=Ending.completed())
-    services.run_cancel(run_id=queued_run().id, actor="op", source="api")
+    domain.attempt_finish(run_id=run.id, generation=generation, ending=Ending.completed())
+    domain.run_cancel(run_id=queued_run().id, actor="op", source="api")
     text = client.get("/metrics").content.decode()
     assert 'awaken_runs{end_cause="completed",state="ended"} 1.0' in text
     assert 'awaken_runs{end_cause="cancelled",state="ended"} 1.0' in text
@@ -186,17 +186,17 @@ def test_racing_transitions_and_reads_keep_the_totals_exact(gang):
 
         def lose(run_id=run.id, generation=generation):
             expire(run_id)
-            return services.attempt_expire(run_id=run_id, generation=generation,
+            return domain.attempt_expire(run_id=run_id, generation=generation,
                                            max_crash_retries=0)
 
-        ops = [lambda r=run, g=generation: services.attempt_finish(
+        ops = [lambda r=run, g=generation: domain.attempt_finish(
                    run_id=r.id, generation=g, ending=Ending.completed()),
-               lambda r=run: services.run_cancel(run_id=r.id, actor="c", source="api"),
-               lambda r=run: services.run_stop(run_id=r.id, actor="s", source="api",
+               lambda r=run: domain.run_cancel(run_id=r.id, actor="c", source="api"),
+               lambda r=run: domain.run_stop(run_id=r.id, actor="s", source="api",
                                                reason="halt"),
                lose,
-               lambda o=other: services.run_cancel(run_id=o.id, actor="c", source="api"),
-               lambda o=other: services.attempt_start(run_id=o.id, owner=OWNER,
+               lambda o=other: domain.run_cancel(run_id=o.id, actor="c", source="api"),
+               lambda o=other: domain.attempt_start(run_id=o.id, owner=OWNER,
                                                       lease_seconds=30),
                fold, fold]
         rng.shuffle(ops)

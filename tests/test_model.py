@@ -1,12 +1,12 @@
-"""A model-based test of the run-control services (SPEC §2-§7).
+"""A model-based test of the run-control domain (SPEC §2-§7).
 
-A hypothesis state machine drives the domain services in random orders: create (children
+A hypothesis state machine drives the domain in random orders: create (children
 of running runs included), claim, step, pause at a step boundary, finish, stop by policy,
 interrupted and parent-gone ends, lease renewal, a lease running out, expiry and sweeps,
 cancel, stop, ticket revocation, resume, and the live commands. Each call is made by a
 current or a stale attempt (``back`` generations behind), with current or old tickets.
 
-Beside the services runs a small reference model of what SPEC §2-§6 say each call must do
+Beside the domain runs a small reference model of what SPEC §2-§6 say each call must do
 (which calls are refused, the state, end cause, generation, open ticket, pending request,
 claim and step count of every run). After every step the database is compared with the
 model, and SPEC §7 is checked on what committed:
@@ -89,7 +89,7 @@ ACTORS = ("olga", "oscar")
 MAX_CRASH_RETRIES = 2
 APPROVAL = {"type": "object", "properties": {"approved": {"type": "boolean"}},
             "required": ["approved"]}
-TRIED: Counter = Counter()  # service calls made, by rule and answer (and "examples" run)
+TRIED: Counter = Counter()  # domain calls made, by rule and answer (and "examples" run)
 PICK = st.integers(0, 10**6)
 BACK = st.sampled_from([0, 0, 0, 1, 2])  # how many generations behind the caller is
 
@@ -185,7 +185,7 @@ def report_the_count(request):
         plugins = request.config.pluginmanager
         with plugins.get_plugin("capturemanager").global_and_fixture_disabled():
             plugins.get_plugin("terminalreporter").write_line(
-                f"\nmodel: {examples} examples, {sum(TRIED.values())} service calls\n  "
+                f"\nmodel: {examples} examples, {sum(TRIED.values())} domain calls\n  "
                 + "\n  ".join(lines))
 
 
@@ -222,7 +222,7 @@ class Model:
 
 
 def outcome(call):
-    """What a service call answered: ("ok", value) or the name of the error it raised."""
+    """What a domain call answered: ("ok", value) or the name of the error it raised."""
     try:
         return "ok", call()
     except domain.ServiceError as error:
@@ -255,7 +255,7 @@ class RunControl(RuleBasedStateMachine):
     # helpers
 
     def call(self, fn):
-        """Call a service as a step: its after-commit hooks run once it returns. The answer
+        """Call a domain function as a step: its after-commit hooks run once it returns. The answer
         is counted under the rule's name."""
         with TestCase.captureOnCommitCallbacks(execute=True):
             answer, value = outcome(fn)
@@ -309,7 +309,7 @@ class RunControl(RuleBasedStateMachine):
         """The run's attempt is over: its worker forgets it."""
         self.workers.attempts.pop((run.id, run.generation), None)
 
-    # the services
+    # the domain
 
     @initialize(count=st.integers(1, 4), claimed=st.integers(0, 4))
     def start(self, count, claimed):

@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 import pytest
 
 from harness.processes import ROOT
-from runs import domain as services
+from runs import domain
 from tests.conftest import browser_for, make_user
 from tests.factories import awaiting_run, queued_run, running_run
 
@@ -68,7 +68,7 @@ def test_operators_get_controls_and_the_form_viewers_do_not():
 
 def test_filters_and_search():
     steps, hang = queued_run("demo.steps", thread_id="t-1"), queued_run("demo.hang")
-    services.run_cancel(run_id=hang.id, actor="olga", source="api")
+    domain.run_cancel(run_id=hang.id, actor="olga", source="api")
     client = browser_for(make_user("vic", "viewer"))
     cancelled = client.get("/", {"status": "cancelled"}).content.decode()
     assert str(hang.id) in cancelled and str(steps.id) not in cancelled
@@ -100,7 +100,7 @@ def test_load_more_pages_through_the_same_partial():
 def test_a_runs_page_shows_its_story():
     parent = queued_run()
     child = queued_run(parent_id=parent.id)
-    services.run_stop(run_id=parent.id, actor="olga", source="ui", reason="enough for today")
+    domain.run_stop(run_id=parent.id, actor="olga", source="ui", reason="enough for today")
     client = browser_for(make_user("vic", "viewer"))
     page = client.get(f"/runs/{parent.id}/").content.decode()
     assert "enough for today" in page and "Control requests" in page
@@ -124,7 +124,7 @@ def test_without_debug_the_server_refuses_to_start_without_a_secret_key():
 
 def test_metrics_report_stop_health():
     durable = queued_run()
-    services.run_cancel(run_id=durable.id, actor="olga", source="api")
+    domain.run_cancel(run_id=durable.id, actor="olga", source="api")
     queued_run()
     body = browser_for().get("/metrics").content.decode()
     assert 'awaken_runs{end_cause="cancelled",state="ended"} 1.0' in body
@@ -181,7 +181,7 @@ def test_a_row_shows_exactly_the_buttons_its_state_allows():
     running, _ = running_run()
     awaiting, _ = awaiting_run()
     ended = queued_run()
-    services.run_cancel(run_id=ended.id, actor="olga", source="api")
+    domain.run_cancel(run_id=ended.id, actor="olga", source="api")
     expected = {queued.id: ["cancel", "stop"], running.id: ["pause", "cancel", "stop"],
                 awaiting.id: ["resume", "cancel", "stop"], ended.id: []}
     client = browser_for(make_user("olga", "operator"))

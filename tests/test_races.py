@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, connections, transaction
 
 from harness.processes import wait_until
-from runs import domain as services
+from runs import domain
 from runs.domain import Ending
 from runs.models import ControlIntent, Event, EventKind, ResumeTicket, Run, RunState, TicketState
 from tests.factories import OWNER, awaiting_run, queued_run, running_run
@@ -50,16 +50,16 @@ def check_run_history(run_id) -> Run:
 def finisher(run_id, generation, ending):
     def op():
         return ("finish", ending.cause,
-                services.attempt_finish(run_id=run_id, generation=generation, ending=ending))
+                domain.attempt_finish(run_id=run_id, generation=generation, ending=ending))
     return op
 
 
 def starter_finisher(run_id, ending):
     def op():
-        attempt = services.attempt_start(run_id=run_id, owner=OWNER, lease_seconds=30)
+        attempt = domain.attempt_start(run_id=run_id, owner=OWNER, lease_seconds=30)
         if attempt is None:
             return ("finish", ending.cause, False)
-        return ("finish", ending.cause, services.attempt_finish(
+        return ("finish", ending.cause, domain.attempt_finish(
             run_id=run_id, generation=attempt.generation, ending=ending))
     return op
 
@@ -67,14 +67,14 @@ def starter_finisher(run_id, ending):
 def canceller(run_id):
     def op():
         return ("request", "cancelled",
-                services.run_cancel(run_id=run_id, actor="c", source="api").path)
+                domain.run_cancel(run_id=run_id, actor="c", source="api").path)
     return op
 
 
 def stopper(run_id):
     def op():
         return ("request", "stopped",
-                services.run_stop(run_id=run_id, actor="s", source="api", reason="halt").path)
+                domain.run_stop(run_id=run_id, actor="s", source="api", reason="halt").path)
     return op
 
 
@@ -127,10 +127,10 @@ def test_resume_racing_cancel_consumes_the_ticket_at_most_once(gang):
 
         def resumer():
             try:
-                services.run_resume(run_id=run.id, ticket_id=ticket_id, input={"r": 1},
+                domain.run_resume(run_id=run.id, ticket_id=ticket_id, input={"r": 1},
                                     actor="r", source="api")
                 return ("resume", True)
-            except (services.NotAwaiting, services.TicketMismatch) as error:
+            except (domain.NotAwaiting, domain.TicketMismatch) as error:
                 return ("resume", type(error).__name__)
 
         ops = [resumer, resumer, resumer, canceller(run.id), canceller(run.id), stopper(run.id),
@@ -166,29 +166,29 @@ def test_a_stale_generation_changes_nothing_while_its_replacement_runs(gang):
     threads = gang(8)
     for _ in range(50):
         run, ticket_id = awaiting_run()
-        services.run_resume(run_id=run.id, ticket_id=ticket_id, actor="r", source="api")
-        current = services.attempt_start(run_id=run.id, owner="w2:2", lease_seconds=30)
+        domain.run_resume(run_id=run.id, ticket_id=ticket_id, actor="r", source="api")
+        current = domain.attempt_start(run_id=run.id, owner="w2:2", lease_seconds=30)
         assert current.generation == 2
 
         def stale(call):
             def op():
                 try:
                     return ("stale", call())
-                except services.Fenced:
+                except domain.Fenced:
                     return ("stale", "fenced")
             return op
 
         ops = [
-            stale(lambda: services.attempt_finish(run_id=run.id, generation=1,
+            stale(lambda: domain.attempt_finish(run_id=run.id, generation=1,
                                                   ending=Ending.completed("late"))),
-            stale(lambda: services.attempt_step(run_id=run.id, generation=1)),
-            stale(lambda: services.attempt_pause(run_id=run.id, generation=1)),
-            stale(lambda: services.attempt_renew(owner=OWNER, attempts=[(run.id, 1)],
+            stale(lambda: domain.attempt_step(run_id=run.id, generation=1)),
+            stale(lambda: domain.attempt_pause(run_id=run.id, generation=1)),
+            stale(lambda: domain.attempt_renew(owner=OWNER, attempts=[(run.id, 1)],
                                                  lease_seconds=30).renewed or "fenced"),
-            stale(lambda: services.attempt_interrupted(run_id=run.id, generation=1)),
-            lambda: ("current", services.attempt_step(run_id=run.id, generation=2).steps),
-            lambda: ("current", services.attempt_step(run_id=run.id, generation=2).steps),
-            lambda: ("current", services.attempt_renew(owner="w2:2", attempts=[(run.id, 2)],
+            stale(lambda: domain.attempt_interrupted(run_id=run.id, generation=1)),
+            lambda: ("current", domain.attempt_step(run_id=run.id, generation=2).steps),
+            lambda: ("current", domain.attempt_step(run_id=run.id, generation=2).steps),
+            lambda: ("current", domain.attempt_renew(owner="w2:2", attempts=[(run.id, 2)],
                                                        lease_seconds=30).renewed),
         ]
         results = threads.run(ops)
@@ -211,12 +211,12 @@ def test_overlapping_claims_take_each_run_once_and_never_deadlock(gang):
         def claimer(index):
             def op():
                 mine = random.sample(runs, 4)
-                return ("claim", [(str(a.run_id), a.owner) for a in services.attempts_start(
+                return ("claim", [(str(a.run_id), a.owner) for a in domain.attempts_start(
                     run_ids=mine, owner=f"w{index}:1", lease_seconds=30)])
             return op
 
         def cancel():
-            return ("cancel", services.run_cancel(run_id=runs[0], actor="c", source="api"))
+            return ("cancel", domain.run_cancel(run_id=runs[0], actor="c", source="api"))
 
         results = threads.run([claimer(i) for i in range(7)] + [cancel])
         assert not [r for r in results if isinstance(r, Exception)], results
@@ -243,23 +243,23 @@ def test_a_parent_ending_and_a_child_naming_it_never_deadlock(parent_state):
     for the child's lock. When the child's transaction commits, its foreign key check must
     not wait for the parent's lock: both transitions commit."""
     parent, generation = running_run(agent="demo.parent")
-    child, _ = services.run_create(agent="demo.hang", parent_id=parent.id, dispatch=False)
-    child_generation = services.attempt_start(run_id=child.id, owner=OWNER,
+    child, _ = domain.run_create(agent="demo.hang", parent_id=parent.id, dispatch=False)
+    child_generation = domain.attempt_start(run_id=child.id, owner=OWNER,
                                               lease_seconds=30).generation
     if parent_state == "awaiting":
-        services.attempt_pause(run_id=parent.id, generation=generation, reason="input")
+        domain.attempt_pause(run_id=parent.id, generation=generation, reason="input")
 
         def end_parent():
-            return services.run_cancel(run_id=parent.id, actor="op", source="api").path
+            return domain.run_cancel(run_id=parent.id, actor="op", source="api").path
     else:
         def end_parent():
-            return services.attempt_finish(run_id=parent.id, generation=generation,
+            return domain.attempt_finish(run_id=parent.id, generation=generation,
                                            ending=Ending.completed())
     named, commit = threading.Event(), threading.Event()
 
     def child_names_parent():
         with transaction.atomic():
-            ended = services.attempt_parent_gone(
+            ended = domain.attempt_parent_gone(
                 run_id=child.id, generation=child_generation, parent_id=parent.id,
                 why="command", actor="op", source="api")
             named.set()

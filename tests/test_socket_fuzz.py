@@ -16,7 +16,7 @@ from channels.testing import WebsocketCommunicator
 
 from awaken_site.asgi import application
 from harness.hostile_input import bad_frame
-from runs import domain as services
+from runs import domain
 from runs.models import Event
 from tests.conftest import api_key_for, make_user
 from tests.factories import queued_run
@@ -51,7 +51,7 @@ async def resume_works(communicator, last_seq: int) -> None:
 def test_random_and_malformed_frames_never_break_a_socket(role, capsys):
     rng = random.Random(f"{SEED}-{role}")
     run = queued_run()
-    services.run_cancel(run_id=run.id, actor="fuzz", source="api")
+    domain.run_cancel(run_id=run.id, actor="fuzz", source="api")
     last_seq = Event.objects.latest("seq").seq
     user = make_user(f"fuzz-{role}", role)
     headers = [(b"authorization", f"Token {api_key_for(user)}".encode())]

@@ -3,7 +3,7 @@ text doing it that way: a failed run's error, an activity line, an error quoting
 
 import pytest
 
-from runs import domain as services
+from runs import domain
 from runs.domain import activity, text
 from runs.domain.core import ERROR_CHARS, Ending
 from runs.domain.errors import InvalidRequest
@@ -33,7 +33,7 @@ def test_an_id_is_shown_by_its_first_group_and_an_error_by_its_first_line():
 
 def test_a_failed_runs_long_error_is_cut_to_its_column_with_an_ellipsis():
     run, generation = running_run()
-    services.attempt_finish(run_id=run.id, generation=generation,
+    domain.attempt_finish(run_id=run.id, generation=generation,
                             ending=Ending.failed("Traceback\n" + "x" * 5000))
     run.refresh_from_db()
     assert len(run.error) == ERROR_CHARS and run.error.endswith(text.ELLIPSIS)

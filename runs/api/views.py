@@ -1,4 +1,4 @@
-"""REST endpoints: authenticate, look up, validate, call one service, answer committed state."""
+"""REST endpoints: authenticate, look up, validate, call the domain once, answer committed state."""
 
 from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema

@@ -1,4 +1,4 @@
-"""Domain errors raised by the services; the API maps each to one status and code."""
+"""Domain errors raised by the domain; the API maps each to one status and code."""
 
 
 class ServiceError(Exception):

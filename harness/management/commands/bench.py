@@ -482,7 +482,7 @@ class Command(BaseCommand):
 
         The clients run in this process on one event loop in a thread of their own (their own
         parsing is part of the figure, as a browser's would be); the commits are made by this
-        process too, through the services, so commit -> push -> receipt is measured end to end.
+        process too, through the domain, so commit -> push -> receipt is measured end to end.
         """
         rows = []
         with self.system(workers=0) as (web, _):

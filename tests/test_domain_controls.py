@@ -1,4 +1,4 @@
-"""The services behind pause, live delivery and ticket revocation: views, the admin and
+"""The domain functions behind pause, live delivery and ticket revocation: views, the admin and
 commands call these, never the transport or the rows."""
 
 import uuid

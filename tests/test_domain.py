@@ -1,4 +1,4 @@
-"""The transitions of SPEC §2 and the finish boundary of §3, one service call at a time."""
+"""The transitions of SPEC §2 and the finish boundary of §3, one domain call at a time."""
 
 import json
 import uuid
@@ -9,7 +9,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from runs import domain as services
+from runs import domain
 from runs.domain import Ending, sql
 from runs.models import (
     Attempt,
@@ -79,16 +79,16 @@ def test_child_runs_share_their_parents_thread():
 ])
 def test_create_rejects_bad_requests_and_writes_nothing(kwargs, field):
     before = db_state()
-    with pytest.raises(services.InvalidRequest) as caught:
-        services.run_create(**kwargs)
+    with pytest.raises(domain.InvalidRequest) as caught:
+        domain.run_create(**kwargs)
     assert caught.value.field == field
     assert db_state() == before
 
 
 def test_idempotency_key_replay_returns_the_first_run(operator):
-    first, created = services.run_create(agent="demo.steps", created_by=operator,
+    first, created = domain.run_create(agent="demo.steps", created_by=operator,
                                          idempotency_key="k1")
-    again, created_again = services.run_create(agent="demo.steps", created_by=operator,
+    again, created_again = domain.run_create(agent="demo.steps", created_by=operator,
                                                idempotency_key="k1")
     assert created and not created_again
     assert again.id == first.id
@@ -96,15 +96,15 @@ def test_idempotency_key_replay_returns_the_first_run(operator):
 
 
 def test_idempotency_key_reused_with_another_request_conflicts(operator):
-    services.run_create(agent="demo.steps", created_by=operator, idempotency_key="k1")
-    with pytest.raises(services.IdempotencyConflict):
-        services.run_create(agent="demo.fail", created_by=operator, idempotency_key="k1")
+    domain.run_create(agent="demo.steps", created_by=operator, idempotency_key="k1")
+    with pytest.raises(domain.IdempotencyConflict):
+        domain.run_create(agent="demo.fail", created_by=operator, idempotency_key="k1")
     assert Run.objects.count() == 1
 
 
 def test_idempotency_keys_are_per_user(operator, viewer):
-    a, _ = services.run_create(agent="demo.steps", created_by=operator, idempotency_key="k")
-    b, _ = services.run_create(agent="demo.steps", created_by=viewer, idempotency_key="k")
+    a, _ = domain.run_create(agent="demo.steps", created_by=operator, idempotency_key="k")
+    b, _ = domain.run_create(agent="demo.steps", created_by=viewer, idempotency_key="k")
     assert a.id != b.id
 
 
@@ -113,7 +113,7 @@ def test_idempotency_keys_are_per_user(operator, viewer):
 
 def test_cancel_of_a_queued_run_commits_cancelled_at_once():
     run = queued_run()
-    result = services.run_cancel(run_id=run.id, actor="olga", source="api", reason="not needed")
+    result = domain.run_cancel(run_id=run.id, actor="olga", source="api", reason="not needed")
     assert result.path == "durable"
     run.refresh_from_db()
     assert (run.state, run.end_cause) == (RunState.ENDED, "cancelled")
@@ -126,7 +126,7 @@ def test_cancel_of_a_queued_run_commits_cancelled_at_once():
 
 def test_stop_of_an_awaiting_run_revokes_its_ticket():
     run, ticket_id = awaiting_run()
-    result = services.run_stop(run_id=run.id, actor="olga", source="ui", reason="budget spent")
+    result = domain.run_stop(run_id=run.id, actor="olga", source="ui", reason="budget spent")
     assert result.path == "durable"
     run.refresh_from_db()
     assert (run.state, run.end_cause, run.stop_code, run.stop_reason) == (
@@ -139,10 +139,10 @@ def test_stop_of_an_awaiting_run_revokes_its_ticket():
 
 def test_cancel_and_stop_of_an_ended_run_return_it_unchanged():
     run = queued_run()
-    services.run_cancel(run_id=run.id, actor="olga", source="api")
+    domain.run_cancel(run_id=run.id, actor="olga", source="api")
     before = db_state()
-    assert services.run_cancel(run_id=run.id, actor="x", source="api").path == "ended"
-    assert services.run_stop(run_id=run.id, actor="x", source="api", reason="r").path == "ended"
+    assert domain.run_cancel(run_id=run.id, actor="x", source="api").path == "ended"
+    assert domain.run_stop(run_id=run.id, actor="x", source="api", reason="r").path == "ended"
     assert db_state() == before
 
 
@@ -151,14 +151,14 @@ def test_cancel_and_stop_of_an_ended_run_return_it_unchanged():
 def test_stop_needs_a_reason_of_at_most_500_characters(reason):
     run = queued_run()
     before = db_state()
-    with pytest.raises(services.InvalidRequest):
-        services.run_stop(run_id=run.id, actor="olga", source="api", reason=reason)
+    with pytest.raises(domain.InvalidRequest):
+        domain.run_stop(run_id=run.id, actor="olga", source="api", reason=reason)
     assert db_state() == before
 
 
 def test_cancel_of_an_unknown_run_is_not_found():
-    with pytest.raises(services.RunNotFound):
-        services.run_cancel(run_id="00000000-0000-0000-0000-000000000000", actor="o", source="api")
+    with pytest.raises(domain.RunNotFound):
+        domain.run_cancel(run_id="00000000-0000-0000-0000-000000000000", actor="o", source="api")
 
 
 # --- the live path: intent first ----------------------------------------------------------
@@ -166,7 +166,7 @@ def test_cancel_of_an_unknown_run_is_not_found():
 
 def test_cancel_of_a_running_run_records_the_intent_and_leaves_it_running():
     run, generation = running_run()
-    result = services.run_cancel(run_id=run.id, actor="olga", source="api")
+    result = domain.run_cancel(run_id=run.id, actor="olga", source="api")
     assert result.path == "live"
     run.refresh_from_db()
     assert run.state == RunState.RUNNING
@@ -176,16 +176,16 @@ def test_cancel_of_a_running_run_records_the_intent_and_leaves_it_running():
 
 def test_a_second_request_joins_the_pending_one():
     run, generation = running_run()
-    first = services.run_cancel(run_id=run.id, actor="olga", source="api")
-    second = services.run_stop(run_id=run.id, actor="olga", source="api", reason="again")
+    first = domain.run_cancel(run_id=run.id, actor="olga", source="api")
+    second = domain.run_stop(run_id=run.id, actor="olga", source="api", reason="again")
     assert second.intent.pk == first.intent.pk
     assert ControlIntent.objects.filter(run=run).count() == 1
 
 
 def test_the_interrupted_attempt_ends_the_run_as_the_intent_says():
     run, generation = running_run()
-    services.run_stop(run_id=run.id, actor="olga", source="api", reason="enough")
-    assert services.attempt_interrupted(run_id=run.id, generation=generation)
+    domain.run_stop(run_id=run.id, actor="olga", source="api", reason="enough")
+    assert domain.attempt_interrupted(run_id=run.id, generation=generation)
     run.refresh_from_db()
     assert (run.end_cause, run.stop_code, run.stop_reason) == ("stopped", "operator", "enough")
     assert run.control.applied_at is not None
@@ -199,9 +199,9 @@ def test_the_interrupted_attempt_ends_the_run_as_the_intent_says():
 
 def test_first_terminal_commit_wins_and_late_results_are_dropped():
     run, generation = running_run()
-    services.run_cancel(run_id=run.id, actor="olga", source="api")
-    assert services.attempt_interrupted(run_id=run.id, generation=generation)
-    assert not services.attempt_finish(run_id=run.id, generation=generation,
+    domain.run_cancel(run_id=run.id, actor="olga", source="api")
+    assert domain.attempt_interrupted(run_id=run.id, generation=generation)
+    assert not domain.attempt_finish(run_id=run.id, generation=generation,
                                        ending=Ending.completed({"late": True}))
     run.refresh_from_db()
     assert run.end_cause == "cancelled" and run.output is None
@@ -211,15 +211,15 @@ def test_first_terminal_commit_wins_and_late_results_are_dropped():
 def test_a_stale_generation_can_neither_finish_nor_step():
     run, generation = running_run()
     before = db_state()
-    assert not services.attempt_finish(run_id=run.id, generation=generation + 1,
+    assert not domain.attempt_finish(run_id=run.id, generation=generation + 1,
                                        ending=Ending.completed())
-    with pytest.raises(services.Fenced):
-        services.attempt_step(run_id=run.id, generation=generation - 1)
-    with pytest.raises(services.Fenced):
-        services.attempt_pause(run_id=run.id, generation=generation - 1)
-    stale = services.attempt_renew(owner=OWNER, attempts=[(run.id, generation - 1)],
+    with pytest.raises(domain.Fenced):
+        domain.attempt_step(run_id=run.id, generation=generation - 1)
+    with pytest.raises(domain.Fenced):
+        domain.attempt_pause(run_id=run.id, generation=generation - 1)
+    stale = domain.attempt_renew(owner=OWNER, attempts=[(run.id, generation - 1)],
                                    lease_seconds=5)
-    other_owner = services.attempt_renew(owner="other:9", attempts=[(run.id, generation)],
+    other_owner = domain.attempt_renew(owner="other:9", attempts=[(run.id, generation)],
                                          lease_seconds=5)
     assert stale.renewed == set() and other_owner.renewed == set()
     assert db_state() == before
@@ -227,8 +227,8 @@ def test_a_stale_generation_can_neither_finish_nor_step():
 
 def test_completion_closes_the_attempt_and_keeps_the_output():
     run, generation = running_run()
-    services.attempt_step(run_id=run.id, generation=generation, tokens=7, agent_state={"i": 1})
-    assert services.attempt_finish(run_id=run.id, generation=generation,
+    domain.attempt_step(run_id=run.id, generation=generation, tokens=7, agent_state={"i": 1})
+    assert domain.attempt_finish(run_id=run.id, generation=generation,
                                    ending=Ending.completed({"answer": 42}))
     run.refresh_from_db()
     assert (run.state, run.end_cause, run.output) == ("ended", "completed", {"answer": 42})
@@ -240,7 +240,7 @@ def test_completion_closes_the_attempt_and_keeps_the_output():
 
 def test_failure_keeps_the_error():
     run, generation = running_run()
-    services.attempt_finish(run_id=run.id, generation=generation, ending=Ending.failed("boom"))
+    domain.attempt_finish(run_id=run.id, generation=generation, ending=Ending.failed("boom"))
     run.refresh_from_db()
     assert (run.end_cause, run.error) == ("failed", "boom")
 
@@ -252,37 +252,37 @@ def test_pause_issues_a_ticket_and_resume_consumes_it():
     run, ticket_id = awaiting_run()
     assert run.state == RunState.AWAITING and str(run.ticket_id) == ticket_id
     assert Attempt.objects.get(run=run).close_reason == CloseReason.PAUSED
-    resumed = services.run_resume(run_id=run.id, ticket_id=ticket_id, input={"approved": True},
+    resumed = domain.run_resume(run_id=run.id, ticket_id=ticket_id, input={"approved": True},
                                   actor="olga", source="api")
     assert resumed.state == RunState.QUEUED and resumed.ticket_id is None
     ticket = ResumeTicket.objects.get(pk=ticket_id)
     assert (ticket.state, ticket.resume_input) == (TicketState.CONSUMED, {"approved": True})
-    attempt = services.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=5)
+    attempt = domain.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=5)
     assert attempt.generation == 2
 
 
 def test_resume_with_another_ticket_is_a_mismatch():
     run, _ = awaiting_run()
     before = db_state()
-    with pytest.raises(services.TicketMismatch):
-        services.run_resume(run_id=run.id, ticket_id="00000000-0000-0000-0000-000000000000",
+    with pytest.raises(domain.TicketMismatch):
+        domain.run_resume(run_id=run.id, ticket_id="00000000-0000-0000-0000-000000000000",
                             actor="olga", source="api")
     assert db_state() == before
 
 
 def test_resume_after_ended_fails_closed():
     run, ticket_id = awaiting_run()
-    services.run_cancel(run_id=run.id, actor="olga", source="api")
+    domain.run_cancel(run_id=run.id, actor="olga", source="api")
     before = db_state()
-    with pytest.raises(services.NotAwaiting):
-        services.run_resume(run_id=run.id, ticket_id=ticket_id, actor="olga", source="api")
+    with pytest.raises(domain.NotAwaiting):
+        domain.run_resume(run_id=run.id, ticket_id=ticket_id, actor="olga", source="api")
     assert db_state() == before
 
 
 def test_a_pending_cancel_wins_over_a_pause():
     run, generation = running_run()
-    services.run_cancel(run_id=run.id, actor="olga", source="api")
-    assert services.attempt_pause(run_id=run.id, generation=generation) is None
+    domain.run_cancel(run_id=run.id, actor="olga", source="api")
+    assert domain.attempt_pause(run_id=run.id, generation=generation) is None
     run.refresh_from_db()
     assert (run.state, run.end_cause) == ("ended", "cancelled")
     assert ResumeTicket.objects.count() == 0
@@ -290,14 +290,14 @@ def test_a_pending_cancel_wins_over_a_pause():
 
 def test_start_claims_only_a_queued_run_once():
     run = queued_run()
-    first = services.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=5)
-    second = services.attempt_start(run_id=run.id, owner="other:2", lease_seconds=5)
+    first = domain.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=5)
+    second = domain.attempt_start(run_id=run.id, owner="other:2", lease_seconds=5)
     assert first.generation == 1 and second is None
 
 
 def test_start_waits_for_start_after():
     run = queued_run(start_after=timezone.now() + timedelta(hours=1))
-    assert services.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=5) is None
+    assert domain.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=5) is None
 
 
 # --- changes are published after commit only ------------------------------------------------
@@ -327,17 +327,17 @@ def test_a_failure_after_commit_never_undoes_or_fails_the_request(monkeypatch):
 
     monkeypatch.setattr("runs.workers.dispatch.runs_queued", broker_down)
     monkeypatch.setattr("runs.changes.stream.stream.publish", lambda *a, **k: broker_down())
-    run, created = services.run_create(agent="demo.steps")  # dispatch and broadcast both fail
+    run, created = domain.run_create(agent="demo.steps")  # dispatch and broadcast both fail
     assert created and Run.objects.get(pk=run.id).state == RunState.QUEUED
 
 
 def test_a_bulk_import_writes_whole_histories():
-    assert services.runs_import(agent="demo.steps", count=5, batch=2) == 5
+    assert domain.runs_import(agent="demo.steps", count=5, batch=2) == 5
     for run in Run.objects.all():
         assert (run.state, run.end_cause, run.version) == ("ended", "completed", 2)
         assert kinds(run) == ["created", "ended"]
-    with pytest.raises(services.InvalidRequest):
-        services.runs_import(agent="nope", count=1)
+    with pytest.raises(domain.InvalidRequest):
+        domain.runs_import(agent="nope", count=1)
 
 
 def test_due_runs_go_to_workers_in_chunks_and_later_ones_alone(settings, monkeypatch):
@@ -359,11 +359,11 @@ def test_one_claim_takes_every_queued_due_run_of_a_message_and_skips_the_rest():
     due, other = queued_run(), queued_run()
     later = queued_run(start_after=timezone.now() + timedelta(hours=1))
     ended = queued_run()
-    services.run_cancel(run_id=ended.id, actor="olga", source="api")
+    domain.run_cancel(run_id=ended.id, actor="olga", source="api")
     running, _ = running_run()
     ids = [str(due.id), "not-a-uuid", str(later.id), str(ended.id), str(running.id),
            str(uuid.uuid4()), str(other.id)]
-    attempts = services.attempts_start(run_ids=ids, owner=OWNER, lease_seconds=30)
+    attempts = domain.attempts_start(run_ids=ids, owner=OWNER, lease_seconds=30)
     assert sorted(str(a.run_id) for a in attempts) == sorted([str(due.id), str(other.id)])
     for run_id in (due.id, other.id):
         run = Run.objects.get(pk=run_id)
@@ -386,9 +386,9 @@ def rows_of_every_shape() -> dict:
                        budget={"max_seconds": 2.5, "max_tokens": 2**40},
                        start_after=timezone.now() - timedelta(seconds=1))
     run, generation = running_run()
-    services.attempt_step(run_id=run.id, generation=generation, tokens=3,
+    domain.attempt_step(run_id=run.id, generation=generation, tokens=3,
                           agent_state={"cursor": [1, 2]})
-    services.attempt_pause(run_id=run.id, generation=generation, prompt={"ask": "ok?"})
+    domain.attempt_pause(run_id=run.id, generation=generation, prompt={"ask": "ok?"})
     return {"parent": parent.id, "child": child.id, "awaiting": run.id}
 
 
