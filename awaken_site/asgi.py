@@ -5,7 +5,8 @@ Every view is synchronous, so HTTP is served by Django's WSGI handler through as
 handler would hop between the event loop and a thread at each synchronous middleware, which
 cost a GET of one run 14 ms of CPU in process against 10 this way (the same as before any
 of this was public API). ``KeptRequestThreads`` gives each request a thread kept from one
-request to the next, and ``BodySizeLimit`` refuses large bodies before anything reads them.
+request to the next, ``closing`` gives Django its end of each request (``WsgiToAsgi``
+never closes a response), and ``BodySizeLimit`` refuses large bodies before anything reads them.
 """
 
 import os
@@ -13,8 +14,11 @@ import os
 from asgiref.wsgi import WsgiToAsgi
 from django.core.wsgi import get_wsgi_application
 
+from awaken_site.wsgi_close import closing
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "awaken_site.settings")
-django_app = WsgiToAsgi(get_wsgi_application())  # sets Django up before the imports below
+# get_wsgi_application sets Django up before the imports below.
+django_app = WsgiToAsgi(closing(get_wsgi_application()))
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 

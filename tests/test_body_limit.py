@@ -161,3 +161,22 @@ def test_other_scopes_pass_through_unchanged():
 
     async_to_sync(BodySizeLimit(inner))({"type": "lifespan"}, None, None)
     assert seen == ["lifespan"]
+
+
+def test_every_request_is_finished_and_gives_its_connection_back():
+    # Django ends a request (request_finished: its database connection back to the pool)
+    # when the server closes the response; WsgiToAsgi alone never does.
+    from django.core.signals import request_finished
+
+    finished = []
+
+    def note(sender, **kwargs):
+        finished.append(sender)
+
+    request_finished.connect(note)
+    try:
+        for _ in range(3):
+            assert get(application, "/accounts/login/")["status"] == 200
+    finally:
+        request_finished.disconnect(note)
+    assert len(finished) == 3
