@@ -4,17 +4,17 @@
 import threading
 
 import pytest
-from asgiref.sync import async_to_sync
-from asgiref.testing import ApplicationCommunicator
-from django.core.asgi import get_asgi_application
+from asgiref.wsgi import WsgiToAsgi
+from django.core.wsgi import get_wsgi_application
 from django.db import connection
 from django.http import HttpResponse
 from django.test import override_settings
 from django.urls import path
 
 from awaken_site.request_threads import KeptRequestThreads, RequestThreads
+from awaken_site.wsgi_close import closing
 from harness.processes import wait_until
-from tests.test_body_limit import http_scope
+from tests.test_body_limit import get as get_start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,25 +30,16 @@ urlpatterns = [path("where/", where_am_i)]
 
 
 def get(application, path_: str) -> int:
-    async def request():
-        communicator = ApplicationCommunicator(application, http_scope("GET", path_))
-        await communicator.send_input({"type": "http.request", "body": b""})
-        start = await communicator.receive_output(timeout=10)
-        while (await communicator.receive_output(timeout=10)).get("more_body"):
-            pass
-        await communicator.wait(timeout=10)
-        return start["status"]
-
-    return async_to_sync(request)()
+    return get_start(application, path_)["status"]
 
 
 @override_settings(ROOT_URLCONF=__name__)
 def test_requests_one_after_another_run_on_one_kept_thread_and_database_wrapper():
-    # Django's own handler starts a thread per request, and with it a new database
-    # connection wrapper (and whatever is cached on it).
+    # As the site serves HTTP (awaken_site/asgi.py). Without kept threads, each request
+    # would get a thread of its own, and with it a new database connection wrapper.
     seen.clear()
     threads = RequestThreads()
-    application = KeptRequestThreads(get_asgi_application(), threads)
+    application = KeptRequestThreads(WsgiToAsgi(closing(get_wsgi_application())), threads)
     for _ in range(3):
         assert get(application, "/where/") == 200
         wait_until(lambda: threads.idle_count == 1, 5, "the thread to be given back")
