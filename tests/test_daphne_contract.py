@@ -17,6 +17,7 @@ from runs.sockets.daphne import (
     TransportProducer,
     attach,
     daphne_protocol,
+    write_to,
 )
 
 
@@ -150,3 +151,48 @@ def test_the_middleware_puts_the_producer_in_the_scope_under_daphne_only():
     asyncio.run(middleware({"type": "websocket"}, None, functools.partial(reply)))
     assert seen[0][SCOPE_KEY] is transport.producer
     assert SCOPE_KEY not in seen[1]
+
+
+class TcpReactor(Reactor):
+    def callLater(self, *args, **kwargs):  # noqa: N802
+        raise AssertionError("nothing here is scheduled")
+
+
+def connected_pair():
+    """A Twisted TCP connection on one end of a socket pair, and the other end."""
+    import socket
+
+    from twisted.internet import tcp
+
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    theirs.setblocking(False)
+    connection = tcp.Connection(ours, None, reactor=TcpReactor())
+    connection.connected = True
+    return connection, theirs
+
+
+def test_twisteds_tcp_connection_has_what_the_immediate_write_reads():
+    from twisted.internet import tcp
+
+    for name in ("TLS", "connected", "disconnecting", "dataBuffer", "_tempDataLen",
+                 "writeSomeData"):
+        assert hasattr(tcp.Connection, name) or hasattr(connected_pair()[0], name), name
+
+
+def test_a_frame_goes_to_the_socket_at_once_when_nothing_waits_before_it():
+    connection, client = connected_pair()
+    write_to(connection, b"first")
+    assert client.recv(100) == b"first"  # no turn of the reactor needed
+
+
+def test_a_frame_waits_behind_what_the_transport_holds():
+    connection, client = connected_pair()
+    connection.write(b"held")  # Twisted's own write: buffered until the reactor's turn
+    write_to(connection, b"next")
+    try:
+        received = client.recv(100)
+    except BlockingIOError:
+        received = b""
+    assert received == b""  # nothing overtook the buffered bytes
+    assert connection._tempDataLen == len(b"heldnext")

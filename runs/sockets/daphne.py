@@ -17,6 +17,14 @@ checks on every upgrade:
   the connection's protocol (autobahn's ``WebSocketServerProtocol``) is its first argument.
   ASGI has no way to reach the transport, and without it a stalled client costs daphne
   memory without bound.
+* Twisted's TCP ``Connection`` writes at once with ``writeSomeData`` and keeps what it has not
+  written yet in ``dataBuffer`` and ``_tempDataLen``: when both are empty, a frame goes
+  straight to the socket (``write_to``) and only what the socket does not take is left to
+  ``transport.write``. Twisted's ``write`` alone registers the socket with the reactor and
+  writes on the loop's next turn, so in a fan-out to 1,000 sockets the first client waited
+  until every socket had been handed its copy: commit → first of 1,000 clients 61–67 ms at
+  p50 that way, 7.6–7.8 ms with the write at once; commit → the last 112–128 against 53–58
+  (``manage.py bench push``, interleaved, the same quiet machine).
 
 The rest is public API: Twisted's ``ITransport.write``, ``IConsumer.registerProducer`` /
 ``unregisterProducer`` and ``FileDescriptor.producer``, and autobahn's ``state`` constants,
@@ -33,6 +41,8 @@ gets the same text, which is what a fan-out to many sockets does.
 import asyncio
 import functools
 import logging
+
+from twisted.internet import tcp
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +97,27 @@ class TransportProducer:
         if (protocol is None or not self._open.is_set()
                 or protocol.state != protocol.STATE_OPEN or protocol.autoFragmentSize):
             return False
-        protocol.sendPreparedMessage(_prepared(protocol.factory, text))
+        message = _prepared(protocol.factory, text)
+        if protocol.send_queue:  # autobahn has writes of its own waiting: after them
+            protocol.sendPreparedMessage(message)
+        else:
+            write_to(protocol.transport, message.payloadHybi)
         return True
+
+
+def write_to(transport, data: bytes) -> None:
+    """``transport.write(data)``, but straight to the socket when the transport is a plain
+    TCP connection with nothing buffered before ``data``; what the socket does not take
+    now is buffered by the transport, which then writes as usual."""
+    if (isinstance(transport, tcp.Connection) and not transport.TLS and transport.connected
+            and not transport.disconnecting and not transport.dataBuffer
+            and not transport._tempDataLen):
+        sent = transport.writeSomeData(data)
+        if isinstance(sent, int):  # else the connection is lost: the transport finds out
+            if sent == len(data):
+                return
+            data = data[sent:]
+    transport.write(data)
 
 
 _last: tuple = (None, None, None)  # (factory, text, prepared message) last built
