@@ -196,3 +196,16 @@ def test_a_frame_waits_behind_what_the_transport_holds():
         received = b""
     assert received == b""  # nothing overtook the buffered bytes
     assert connection._tempDataLen == len(b"heldnext")
+
+
+def test_daphnes_server_takes_what_serve_gives_it():
+    import inspect
+
+    from daphne.endpoints import build_endpoint_description_strings
+    from daphne.server import Server
+
+    assert build_endpoint_description_strings(host="127.0.0.1", port=8123) == [
+        "tcp:port=8123:interface=127.0.0.1"]
+    parameters = inspect.signature(Server).parameters
+    assert {"application", "endpoints", "verbosity"} <= set(parameters)
+    assert callable(Server.run)

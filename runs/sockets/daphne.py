@@ -26,6 +26,10 @@ checks on every upgrade:
   p50 that way, 7.6–7.8 ms with the write at once; commit → the last 112–128 against 53–58
   (``manage.py bench push``, interleaved, the same quiet machine).
 
+* ``daphne.server.Server`` and ``daphne.endpoints.build_endpoint_description_strings``,
+  what daphne's own command line and ``runserver`` start a server with: ``serve`` starts one
+  in this process for ``manage.py serve``, the embedded mode.
+
 The rest is public API: Twisted's ``ITransport.write``, ``IConsumer.registerProducer`` /
 ``unregisterProducer`` and ``FileDescriptor.producer``, and autobahn's ``state`` constants,
 ``autoFragmentSize`` option and prepared messages (``prepareMessage`` on the factory,
@@ -174,3 +178,14 @@ class DaphneBackPressure:
         if producer is not None:
             scope = {**scope, SCOPE_KEY: producer}
         return await self.inner(scope, receive, send)
+
+
+def serve(application, *, host: str, port: int) -> None:
+    """Serve ``application`` over HTTP and websockets on ``host``:``port`` with daphne, in
+    this thread, until the process ends."""
+    from daphne.endpoints import build_endpoint_description_strings
+    from daphne.server import Server
+
+    Server(application=application,
+           endpoints=build_endpoint_description_strings(host=host, port=port),
+           verbosity=0).run()

@@ -14,8 +14,6 @@ import threading
 from celery import current_app as app
 from celery.worker import WorkController
 from channels.routing import get_default_application
-from daphne.endpoints import build_endpoint_description_strings
-from daphne.server import Server
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -23,6 +21,7 @@ from django.core.management.base import BaseCommand
 
 from runs import domain
 from runs.providers.stub import Stub, StubServer
+from runs.sockets import daphne
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +45,7 @@ class Command(BaseCommand):
         start_worker(concurrency)
         start_sweeper()
         self.stdout.write(f"awaken-site on http://{host}:{port}/", self.style.SUCCESS)
-        Server(
-            application=application,
-            endpoints=build_endpoint_description_strings(host=host, port=port),
-            verbosity=0,
-        ).run()
+        daphne.serve(application, host=host, port=port)
 
     def ensure_admin(self):
         User = get_user_model()
