@@ -727,6 +727,6 @@ SETTINGS = hypothesis.settings(max_examples=EXAMPLES, stateful_step_count=STEPS,
 
 
 @pytest.mark.timeout(max(300, EXAMPLES * STEPS // 4))
-def test_the_services_keep_the_model_and_spec_7(outside_restored, settings):
+def test_the_domain_keeps_the_model_and_spec_7(outside_restored, settings):
     settings.AWAKEN_MAX_CRASH_RETRIES = MAX_CRASH_RETRIES
     run_state_machine_as_test(RunControl, settings=SETTINGS)

@@ -169,3 +169,18 @@ export function showDurations(root = document) {
     if (node.textContent !== text) node.textContent = text;
   }
 }
+
+// After `old` is replaced by `fresh` (the server's new rendering of the same thing), the
+// element that had the focus in `old` gives it to its counterpart in `fresh`, found by
+// the same data-action or data-field (else `fallback` in `fresh`), so a redraw never
+// takes the keyboard's place away.
+export function keepFocus(old, fresh, swap, fallback = null) {
+  const active = document.activeElement;
+  const had = active && active !== document.body && old.contains(active) ? active : null;
+  swap();
+  if (!had) return;
+  const key = had.dataset.action ? `[data-action="${had.dataset.action}"]`
+    : had.dataset.field ? `[data-field="${had.dataset.field}"]` : fallback;
+  const target = (key && fresh.querySelector(key)) || (fallback && fresh.querySelector(fallback));
+  target?.focus({ preventScroll: true });
+}

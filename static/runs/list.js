@@ -5,7 +5,7 @@
 // is applied there, never here), and puts it in place. The pushes themselves are not
 // rendered here, so the socket's messages stay the API's JSON and the page no rule of its own.
 
-import { $, Live, api, liveTimes, setField, shortId, showDurations, span } from "./common.js";
+import { $, Live, api, keepFocus, liveTimes, setField, shortId, showDurations, span } from "./common.js";
 import { controls } from "./controls.js";
 import { bulkSelection } from "./bulk.js";
 import { shortcuts } from "./keys.js";
@@ -142,7 +142,7 @@ function listPage(table) {
         if (picked) fresh.querySelector("[data-select]").checked = true;
         const twisty = row.querySelector('[data-toggle="children"]');
         fresh.querySelector('[data-toggle="children"]')?.replaceWith(twisty.cloneNode(true));
-        row.replaceWith(fresh);
+        keepFocus(row, fresh, () => row.replaceWith(fresh), '[data-field="link"]');
         known(fresh);
         stamp(fresh);
         redrawTimes();

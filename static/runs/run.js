@@ -2,7 +2,7 @@
 // its children, the controls, the activity log as it grows, the live (uncommitted) output
 // of its model calls, and times shown in the reader's own zone.
 
-import { $, absoluteTime, Live, relativeTime, shortId, showDurations, span, toast } from "./common.js";
+import { $, absoluteTime, keepFocus, Live, relativeTime, shortId, showDurations, span, toast } from "./common.js";
 import { controls, send } from "./controls.js";
 
 // --- times ----------------------------------------------------------------------------------
@@ -53,6 +53,7 @@ function tick() {
 function runPage(panel) {
   const runId = panel.dataset.runId;
   let pending = null;
+  let shown = null;  // the server's last rendering of the panel
   const refresh = () => {
     clearTimeout(pending);
     pending = setTimeout(async () => {
@@ -62,7 +63,10 @@ function runPage(panel) {
       const link = panel.querySelector('[data-field="new-link"]:not([hidden])');
       const log = panel.querySelector("#activity:not([data-placeholder])");
       const scrolled = log?.querySelector(".activity-log")?.scrollTop;
-      panel.innerHTML = await response.text();
+      const html = await response.text();
+      if (html === shown) return;  // nothing the panel shows has changed
+      shown = html;
+      keepFocus(panel, panel, () => { panel.innerHTML = html; });
       if (log) {  // it grows on its own; moved back where it was, scrolled as it was
         panel.querySelector("#activity")?.replaceWith(log);
         log.querySelector(".activity-log").scrollTop = scrolled;
