@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from channels.layers import get_channel_layer
 
 from runs.changes.outbox import Outbox, forward
-from runs.changes.waiting import Watches
+from runs.changes.waiting import Watches, discard_member
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +107,7 @@ class Stream:
 
     def leave(self, outbox: Outbox, run_id: str | None = EVERY_RUN) -> None:
         with self._lock:
-            followers = self._sockets.get(run_id)
-            if followers is not None:
-                followers.discard(outbox)
-                if not followers:
-                    del self._sockets[run_id]
+            discard_member(self._sockets, run_id, outbox)
 
     def followers(self) -> int:
         """How many sockets of this process follow the stream."""

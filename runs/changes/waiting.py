@@ -59,13 +59,19 @@ class Watches:
             yield watch
         finally:
             with self._lock:
-                waiting = self._by_run.get(key)
-                if waiting is not None:
-                    waiting.discard(watch)
-                    if not waiting:
-                        del self._by_run[key]
+                discard_member(self._by_run, key, watch)
 
     def of(self, run_id) -> list[Watch]:
         """The watches of one run now."""
         with self._lock:
             return list(self._by_run.get(run_id, ()))
+
+
+def discard_member(groups: dict, key, member) -> None:
+    """Take ``member`` out of the set ``groups[key]``, and the key out of ``groups`` once its
+    set is empty (so followers and watches of ended runs are not kept)."""
+    members = groups.get(key)
+    if members is not None:
+        members.discard(member)
+        if not members:
+            del groups[key]
