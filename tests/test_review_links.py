@@ -9,7 +9,7 @@ from django.test import Client
 from django.utils import timezone
 
 from runs import domain
-from runs.domain import review
+from runs.domain import outside, review
 from runs.domain.errors import LinkUsed, NotAwaiting
 from runs.models import Event, ReviewLink, Run, TicketState
 from tests.conftest import db_state
@@ -271,9 +271,35 @@ def test_a_viewer_reads_the_links_but_cannot_revoke(op_client, viewer_client):
     assert ReviewLink.objects.get(pk=link["id"]).state == "open"
 
 
+class KeptQueued:
+    """The workers interface, but queued runs are kept in a list instead of sent."""
+
+    def __init__(self, real):
+        self.real = real
+        self.queued = []
+
+    def runs_queued(self, *, runs) -> None:
+        self.queued.extend(run_id for run_id, _ in runs)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+@pytest.fixture
+def runs_kept_here():
+    """Runs queued by the test are not sent: a worker started for other tests (the
+    session's shared one) would claim them and hold their rows while this test's database
+    is flushed."""
+    real = outside.workers
+    kept = KeptQueued(real)
+    outside.connect(workers=kept)
+    yield kept
+    outside.connect(workers=real)
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_two_answers_at_once_resume_once(gang, operator):
+def test_two_answers_at_once_resume_once(gang, operator, runs_kept_here):
     gang_of = gang(4)
     for _ in range(10):
         run, ticket_id = approval_run()
@@ -290,6 +316,7 @@ def test_two_answers_at_once_resume_once(gang, operator):
         results = gang_of.run([answer("Rita"), answer("Rob"), answer("Ria"), operator_resume])
         winners = [r for r in results if isinstance(r, Run)]
         assert len(winners) == 1, results
+        assert runs_kept_here.queued.count(run.id) == 1  # resumed, so queued, once
         for loser in results:
             if not isinstance(loser, Run):
                 assert isinstance(loser, (LinkUsed, NotAwaiting)), loser
