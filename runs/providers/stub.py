@@ -117,10 +117,14 @@ class Stub:
 
     def release(self) -> None:
         """Let every hanging answer go on (with late chunks)."""
-        if self._loop is not None and self._release is not None:
-            event = self._release
-            self._loop.call_soon_threadsafe(event.set)
-            self._release = None
+        if self._loop is not None:
+            # Both on the loop: a hang reached after this release must wait for the next.
+            self._loop.call_soon_threadsafe(self._release_now)
+
+    def _release_now(self) -> None:
+        event, self._release = self._release, None
+        if event is not None:
+            event.set()
 
     def wait(self, condition, timeout: float = 10.0, what: str = "the stub"):
         """Poll ``condition(calls)`` until it returns something truthy, and return that."""
