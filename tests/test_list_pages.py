@@ -131,6 +131,21 @@ def test_the_bulk_page_lists_jobs_and_viewers_get_no_abort():
     assert "olga (ui)" in viewer and 'data-bulk="abort"' not in viewer
 
 
+def test_pushed_bulk_jobs_are_redrawn_from_the_servers_one_rendering():
+    run = queued_run()
+    job = domain.bulk_create(action="stop", reason="tidy", ids=[run.id], requested_by="olga",
+                             created_by=None, source="ui")
+    client = browser_for(make_user("olga", "operator"))
+    row = client.get("/bulk/rows/", {"ids": f"{job.id},not-a-job"}).content.decode()
+    assert row.count('<tr class="job"') == 1 and f'data-job-id="{job.id}"' in row
+    assert "0 of 1 handled (0 applied, 0 already ended, 0 refused)" in row
+    progress = client.get("/bulk/rows/", {"ids": str(job.id), "view": "progress"})
+    assert f"Stop job {str(job.id)[:8]}: queued" in progress.content.decode()
+    assert 'data-bulk="abort"' in progress.content.decode()
+    assert client.get("/bulk/rows/", {"ids": str(job.id), "view": "x"}).status_code == 400
+    assert browser_for(make_user("sam")).get("/bulk/rows/").status_code == 403
+
+
 def test_error_pages_are_the_sites_own_with_a_way_back():
     client = browser_for(make_user("vic", "viewer"))
     for response in (client.get("/no-such-page/"), client.get("/", {"cursor": "garbage"})):

@@ -237,6 +237,17 @@ def bulk_job_get(job_id) -> BulkJob:
     return job
 
 
+def bulk_jobs_among(ids) -> list[BulkJob]:
+    """Those of the jobs named by ``ids`` that exist, newest first (a bad id names none)."""
+    keys = []
+    for job_id in ids:
+        try:
+            keys.append(_job_pk(job_id))
+        except BulkJobNotFound:
+            continue
+    return list(BulkJob.objects.filter(pk__in=keys).order_by("-created_at", "-id"))
+
+
 def bulk_jobs(*, cursor: str | None = None, limit: int = 50):
     """Past and current jobs, newest first. Returns ``(jobs, next_cursor or None)``."""
     jobs = BulkJob.objects.order_by("-created_at", "-id")

@@ -138,6 +138,22 @@ def bulk_jobs(request):
     return render(request, "runs/bulk.html", page_context(request, jobs=jobs, cursor=cursor))
 
 
+BULK_VIEWS = {"row": "runs/_bulk_row.html", "progress": "runs/_bulk_progress.html"}
+
+
+@viewer_required
+@require_GET
+def bulk_rows(request):
+    """The named bulk jobs (``ids``, comma-separated) as the jobs page's rows, or with
+    ``view=progress`` as the run list's progress box: the pages redraw a pushed job from
+    this one rendering."""
+    view = BULK_VIEWS.get(request.GET.get("view", "row"))
+    if view is None:
+        raise BadRequest("view is row or progress.")
+    jobs = bulk.bulk_jobs_among(request.GET.get("ids", "").split(",")[:MAX_ASKED])
+    return render(request, "runs/_bulk_jobs.html", page_context(request, jobs=jobs, view=view))
+
+
 @viewer_required
 @require_GET
 def detail(request, run_id):

@@ -2,64 +2,50 @@
 // takes, start it, follow its progress pushed on the list socket, abort it. The job runs on
 // the server (POST /api/bulk/); the page only asks and shows.
 
-import { $, Live, absoluteTime, api, liveTimes, setField, shortId, toast } from "./common.js";
+import { $, Live, api, keepFocus, liveTimes, setField, toast } from "./common.js";
 
-const VERBS = { cancel: "Cancel", stop: "Stop" };
-const FINISHED = new Set(["done", "aborted"]);
-
-export function jobSummary(job) {
-  const split = `${job.applied} applied, ${job.unchanged} already ended, ${job.refused} refused`;
-  return `${job.done} of ${job.total} handled (${split})`;
+// A pushed job, as the server renders it (`view`: "row" for the jobs page, "progress" for the
+// list's progress box); null if it is gone.
+async function rendered(job, view) {
+  const params = new URLSearchParams({ ids: job.id, view });
+  const response = await fetch(`/bulk/rows/?${params}`, { credentials: "same-origin" });
+  if (!response.ok) throw new Error(`HTTP ${response.status}`);
+  const holder = document.createElement("tbody");
+  holder.innerHTML = await response.text();
+  return holder.firstElementChild;
 }
+
+// Whether the element drawn for a job is at least as new as `job` (pushes can overtake).
+const newer = (element, job) => element && element.dataset.jobId === job.id
+  && Number(element.dataset.version) >= job.version;
 
 // The progress of one job, in `box`: counts, a bar, Abort while it can be.
 function progressView(box) {
-  let shown = null;
   box.addEventListener("click", async (event) => {
-    if (!event.target.closest("[data-bulk='abort']") || !shown) return;
-    event.target.disabled = true;
+    const button = event.target.closest("[data-bulk='abort']");
+    const shown = box.firstElementChild;
+    if (!button || !shown) return;
+    button.disabled = true;
     try {
-      draw(await api("POST", `/api/bulk/${shown.id}/abort/`, {}));
+      await draw(await api("POST", `/api/bulk/${shown.dataset.jobId}/abort/`, {}));
     } catch (problem) {
       toast(problem.message);
-      event.target.disabled = false;
+      button.disabled = false;
     }
   });
 
-  function draw(job) {
-    if (shown && shown.id === job.id && shown.version > job.version) return;
-    shown = job;
+  async function draw(job) {
+    if (newer(box.firstElementChild, job)) return;
+    const fresh = await rendered(job, "progress");
+    if (!fresh || newer(box.firstElementChild, { ...job, version: Number(fresh.dataset.version) })) return;
+    box.replaceChildren(fresh);
     box.hidden = false;
-    box.replaceChildren();
-    const title = document.createElement("strong");
-    title.textContent = `${VERBS[job.action]} job ${shortId(job.id)}: ${job.state}`;
-    const bar = document.createElement("progress");
-    bar.max = Math.max(job.total, 1);
-    bar.value = job.done;
-    bar.setAttribute("aria-label", "Bulk job progress");
-    const counts = document.createElement("span");
-    counts.dataset.field = "bulk-counts";
-    counts.textContent = jobSummary(job);
-    const buttons = document.createElement("span");
-    buttons.className = "buttons";
-    if (!FINISHED.has(job.state)) {
-      const abort = document.createElement("button");
-      abort.type = "button";
-      abort.dataset.bulk = "abort";
-      abort.textContent = "Abort job";
-      buttons.append(abort);
-    }
-    const all = document.createElement("a");
-    all.href = "/bulk/";
-    all.className = "button";
-    all.textContent = "All bulk jobs";
-    buttons.append(all);
-    box.append(title, bar, counts, buttons);
-    box.dataset.state = job.state;
+    box.dataset.state = fresh.dataset.state;
   }
 
   document.addEventListener("bulk:changed", (event) => {
-    if (shown && event.detail.id === shown.id) draw(event.detail);
+    const shown = box.firstElementChild;
+    if (shown && event.detail.id === shown.dataset.jobId) draw(event.detail).catch(() => {});
   });
   return draw;
 }
@@ -116,8 +102,9 @@ export function bulkSelection(table) {
       return;
     }
     action = button.dataset.bulk;
+    const verb = button.dataset.verb;
     selection = allMatching.checked ? { filter } : { ids: picked() };
-    setField(dialog, "bulk-verb", VERBS[action]);
+    setField(dialog, "bulk-verb", verb);
     setField(dialog, "bulk-scope", selection.filter
       ? (Object.keys(filter).length ? "Every run that matches the list's filter and has not ended."
         : "Every run that has not ended.")
@@ -126,7 +113,7 @@ export function bulkSelection(table) {
     dialog.querySelector('[name="bulk_reason"]').value = "";
     const confirm = dialog.querySelector("[data-bulk='confirm']");
     confirm.disabled = true;
-    confirm.textContent = `${VERBS[action]} runs`;
+    confirm.textContent = `${verb} runs`;
     setField(dialog, "bulk-preview", "Counting…");
     dialog.showModal();
     try {
@@ -151,7 +138,7 @@ export function bulkSelection(table) {
     }
     try {
       const job = await api("POST", "/api/bulk/", { action, ...(reason ? { reason } : {}), ...selection });
-      showProgress(job);
+      await showProgress(job);
       allMatching.checked = false;
       for (const box of body.querySelectorAll("[data-select]:checked")) box.checked = false;
       refresh();
@@ -164,46 +151,25 @@ export function bulkSelection(table) {
 
 // The bulk jobs page: its rows kept live from the list socket; Abort on the ones still going.
 function jobsPage(list) {
-  const template = $("#bulk-row");
-  const rows = new Map([...list.querySelectorAll("tr.job")].map((row) => [row.dataset.jobId, row]));
+  const body = list.querySelector("tbody");
   const redraw = liveTimes(list);
+  const rowOf = (id) => [...body.querySelectorAll("tr.job")].find((row) => row.dataset.jobId === id);
 
-  function patch(row, job) {
-    if (Number(row.dataset.version || 0) > job.version) return;
-    row.dataset.jobId = job.id;
-    row.dataset.state = job.state;
-    row.dataset.version = String(job.version);
-    setField(row, "job-id", shortId(job.id));
-    setField(row, "action", job.action);
-    setField(row, "job-state", job.state);
-    setField(row, "scope", job.filter ? "a filter" : `${job.total} chosen runs`);
-    setField(row, "by", `${job.requested_by} (${job.source})`);
-    setField(row, "counts", jobSummary(job));
-    setField(row, "reason", job.reason || "");
-    const bar = row.querySelector("progress");
-    bar.max = Math.max(job.total, 1);
-    bar.value = job.done;
-    const created = row.querySelector('[data-field="created"]');
-    created.setAttribute("datetime", job.created_at);
-    created.title = absoluteTime(job.created_at);
-    const abort = row.querySelector("[data-bulk='abort']");
-    if (abort) abort.hidden = FINISHED.has(job.state);
+  async function apply(job) {
+    if (newer(rowOf(job.id), job)) return;
+    const fresh = await rendered(job, "row");
+    const row = rowOf(job.id);
+    if (!fresh || (row && Number(row.dataset.version) >= Number(fresh.dataset.version))) return;
+    if (row) keepFocus(row, fresh, () => row.replaceWith(fresh), "[data-bulk='abort']");
+    else {
+      body.prepend(fresh);
+      $("#no-jobs")?.remove();
+    }
     redraw();
   }
 
-  function apply(job) {
-    let row = rows.get(job.id);
-    if (!row) {
-      row = template.content.firstElementChild.cloneNode(true);
-      list.querySelector("tbody").prepend(row);
-      rows.set(job.id, row);
-      $("#no-jobs")?.remove();
-    }
-    patch(row, job);
-  }
-
   new Live("/ws/runs/", (message) => {
-    if (message.type === "bulk.changed") apply(message.job);
+    if (message.type === "bulk.changed") apply(message.job).catch(() => {});
   });
 
   list.addEventListener("click", async (event) => {
@@ -211,7 +177,7 @@ function jobsPage(list) {
     if (!button) return;
     button.disabled = true;
     try {
-      apply(await api("POST", `/api/bulk/${button.closest("tr.job").dataset.jobId}/abort/`, {}));
+      await apply(await api("POST", `/api/bulk/${button.closest("tr.job").dataset.jobId}/abort/`, {}));
     } catch (problem) {
       toast(problem.message);
     } finally {
