@@ -14,7 +14,15 @@ from runs import domain
 from runs.domain.core import Ending
 from runs.domain.overview import time_to_stop
 from runs.domain.totals import fold, totals
-from runs.models import Attempt, CloseReason, ControlIntent, MetricDelta, Run, RunState
+from runs.models import (
+    STOP_BUCKETS,
+    Attempt,
+    CloseReason,
+    ControlIntent,
+    MetricDelta,
+    Run,
+    RunState,
+)
 from tests.factories import OWNER, awaiting_run, queued_run, running_run
 
 pytestmark = pytest.mark.django_db
@@ -110,6 +118,25 @@ def test_every_transition_path_keeps_the_totals_equal_to_a_count_of_the_tables()
     assert_totals_match()
     Run.objects.filter(pk=lost_without_intent).delete()
     assert Attempt.objects.filter(close_reason=CloseReason.LOST).count() == 2
+    assert_totals_match()
+
+
+def test_the_installed_triggers_bucket_times_by_the_bounds_of_stop_buckets():
+    """The triggers were built from STOP_BUCKETS when their migration ran: a change to the
+    bounds without a migration that installs them again fails here."""
+    took = [bound + extra for bound in STOP_BUCKETS for extra in (0.0, 0.0004)]
+    for seconds in [*took, STOP_BUCKETS[-1] * 2]:
+        run = queued_run()
+        domain.run_cancel(run_id=run.id, actor="op", source="api")
+        intent = ControlIntent.objects.get(run_id=run.id)
+        ControlIntent.objects.filter(pk=intent.pk).update(
+            applied_at=intent.requested_at + timedelta(seconds=seconds))
+    kept = {row["path"]: row["buckets"] for row in totals()["time_to_stop"]}
+    (path, buckets), = kept.items()
+    assert [bound for bound, _ in buckets] == [*map(str, STOP_BUCKETS), "+Inf"]
+    assert [count for _, count in buckets] == [
+        sum(1 for seconds in took if seconds <= bound) for bound in STOP_BUCKETS
+    ] + [len(took) + 1]
     assert_totals_match()
 
 
