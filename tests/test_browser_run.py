@@ -181,6 +181,9 @@ def test_the_activity_log_grows_live_with_steps_calls_and_log_lines(page, embedd
     seqs = page.eval_on_selector_all(".activity-log li[data-seq]",
                                      "items => items.map(i => Number(i.dataset.seq))")
     assert seqs == sorted(set(seqs))  # each entry once, in order
+    page.wait_for_function(  # the count is the server's, and follows the log
+        "() => document.querySelector('[data-field=\"activity-count\"]').textContent"
+        " === `${document.querySelectorAll('.activity-log li[data-seq]').length} entries`")
     assert serious_violations(page) == []
 
 

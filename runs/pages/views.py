@@ -231,7 +231,8 @@ def activity_log(request, run_id):
         if not after.isdigit():
             raise BadRequest("after is a sequence number.")
         return render(request, "runs/_activity_entries.html", {
-            "entries": activity.run_activity(run_id=run.id, after=int(after))[:activity.SHOWN]})
+            "entries": activity.run_activity(run_id=run.id, after=int(after))[:activity.SHOWN],
+            "activity_total": activity.activity_count(run_id=run.id)})
     shown_all = request.GET.get("all") == "1"
     entries = activity.run_activity(run_id=run.id, last=None if shown_all else activity.SHOWN)
     return render(request, "runs/activity.html" if shown_all else "runs/_activity.html", {

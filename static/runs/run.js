@@ -186,6 +186,8 @@ function activityLog(section) {
       if (!response.ok) return;
       const holder = document.createElement("ol");
       holder.innerHTML = await response.text();
+      const counted = holder.querySelector('template[data-field="activity-count"]');
+      counted?.remove();
       const fresh = [...holder.children].filter((item) => Number(item.dataset.seq) > lastSeq());
       if (fresh.length) {
         list.querySelector(".empty")?.remove();
@@ -195,9 +197,8 @@ function activityLog(section) {
         showDurations(list);
         if (follow) list.scrollTop = list.scrollHeight;
         const count = section.querySelector('[data-field="activity-count"]');
-        if (count && !count.querySelector("a")) {
-          const n = list.querySelectorAll("li[data-seq]").length;
-          count.textContent = `${n} entr${n === 1 ? "y" : "ies"}`;
+        if (count && counted && !count.querySelector("a")) {
+          count.textContent = counted.content.textContent;
         }
       }
     } finally {
