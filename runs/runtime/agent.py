@@ -130,6 +130,7 @@ class Context:
         self.check()
         await self._host.commit_step(self, tokens=self._step_tokens,
                                      data=self._step_data or None)
+        self._resume = None  # a resume reaches the agent until its next committed step
         steps = (self.usage or {}).get("steps")
         self.record_activity("step", at=at, text=f"step {steps}" if steps else "step",
                        ms=(time.perf_counter() - started) * 1000, tokens=self._step_tokens)
