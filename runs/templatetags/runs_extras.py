@@ -51,6 +51,15 @@ def pretty_json(value) -> str:
 
 
 @register.filter
+def argument_value(value) -> str:
+    """One argument of a tool call as people read it: text as it is, anything else as
+    compact JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+@register.filter
 def seconds_between(later, earlier) -> float | str:
     """Seconds between two times (a ``data-seconds`` the page writes out as a duration);
     "" if either is unknown."""
