@@ -17,7 +17,7 @@ from runs.models import Attempt, Event, ReviewLink, Run, TicketState
 from runs.providers.client import ChatClient, ProviderConfig
 from runs.runtime.agent import Context, Paused, tool
 from runs.runtime.token import CancellationToken
-from tests.conftest import db_state
+from tests.conftest import browser_for, db_state
 from tests.factories import OWNER, running_run
 
 pytestmark = pytest.mark.django_db
@@ -379,3 +379,10 @@ def test_an_expired_link_decides_nothing(op_client):
     assert (run.state, str(run.ticket_id)) == ("awaiting", ticket["id"])
     assert domain.sweep()  # nothing expires a ticket into a decision
     assert Run.objects.get(pk=run.id).state == "awaiting"
+
+
+def test_the_timeline_says_what_was_decided_on_which_call(op_client, operator):
+    run, ticket = approval_run()
+    resume(op_client, run, ticket, {"approved": True, "arguments": {**EMAIL, "to": "b@x.org"}})
+    page = browser_for(operator).get(f"/runs/{run.id}/panel/").content.decode()
+    assert "edited send_email with to=b@x.org, body=The report is ready." in page
