@@ -362,6 +362,10 @@ class ResumeTicket(models.Model):
         null=True, blank=True, help_text="JSON Schema the resume input must satisfy, if any.")
     state = models.CharField(max_length=16, choices=TicketState.choices, default=TicketState.OPEN)
     resume_input = models.JSONField(null=True, blank=True)
+    action = models.JSONField(
+        null=True, blank=True,
+        help_text="The one tool call an approval is asked for: tool, arguments, digest, "
+                  "rationale (runs.domain.approvals).")
     created_at = models.DateTimeField(auto_now_add=True)
     closed_at = models.DateTimeField(null=True, blank=True)
     closed_by = models.CharField(max_length=150, null=True, blank=True)
@@ -371,6 +375,11 @@ class ResumeTicket(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Q(state__in=TicketState.values), name="runs_ticket_state_valid"
+            ),
+            # Only an approval is bound to an action.
+            models.CheckConstraint(
+                condition=Q(action__isnull=True) | Q(reason=TicketReason.APPROVAL),
+                name="runs_ticket_action_only_for_approval",
             ),
             # At most one open ticket per run.
             models.UniqueConstraint(

@@ -510,11 +510,16 @@ def runs_of_every_shape(db) -> dict:
     child = queued_run(parent_id=parent.id, budget={"max_steps": 3, "max_seconds": 1.5},
                        input={"steps": 2}, start_after=timezone.now() - timedelta(seconds=1))
     awaiting, _ = awaiting_run()
+    approving, approving_generation = running_run(agent="demo.email")
+    domain.attempt_pause(run_id=approving.id, generation=approving_generation,
+                         reason="approval", action={"tool": "send_email", "arguments": {
+                             "to": "a@example.com", "body": "hi"}, "rationale": "asked"})
     running, generation = running_run()
     domain.run_stop(run_id=running.id, actor="olga", source="api", reason="budget")
     domain.attempt_step(run_id=running.id, generation=generation, tokens=7)
     domain.run_cancel(run_id=parent.id, actor="olga", source="api")
-    made = {"ended-parent": parent, "child": child, "awaiting": awaiting, "stopping": running}
+    made = {"ended-parent": parent, "child": child, "awaiting": awaiting,
+            "approving": approving, "stopping": running}
     runs = {shape: Run.objects.get(pk=run.id) for shape, run in made.items()}
     # Every part is covered.
     assert runs["awaiting"].ticket is not None and runs["stopping"].control is not None
@@ -522,7 +527,8 @@ def runs_of_every_shape(db) -> dict:
     return runs
 
 
-@pytest.mark.parametrize("shape", ["ended-parent", "child", "awaiting", "stopping"])
+@pytest.mark.parametrize("shape", ["ended-parent", "child", "awaiting", "approving",
+                                   "stopping"])
 def test_a_run_as_the_api_writes_it_is_what_the_document_declares(runs_of_every_shape, shape):
     data = run_data(runs_of_every_shape[shape])
     _check_answer("Run", data)
@@ -532,6 +538,8 @@ def test_a_run_as_the_api_writes_it_is_what_the_document_declares(runs_of_every_
                             ("budget", "Budget"), ("usage", "Usage")]:
         if data[part] is not None:
             assert set(data[part]) == set(declared[component]["properties"]), part
+    if shape == "approving":
+        assert set(data["ticket"]["action"]) == set(declared["Action"]["properties"])
 
 
 def test_a_truncated_run_is_what_the_document_declares(runs_of_every_shape):

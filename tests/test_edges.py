@@ -273,7 +273,7 @@ def test_resume_input_reaches_the_attempt_after_a_crash():
     again = domain.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=30)
     assert again.generation == attempt.generation + 1
     view = selectors.attempt_view(run=again.run, generation=again.generation)
-    assert view.resume == ("manual_pause", {"approved": True})
+    assert (view.resume.reason, view.resume.input) == ("manual_pause", {"approved": True})
 
     domain.attempt_step(run_id=run.id, generation=again.generation)
     expire(run)

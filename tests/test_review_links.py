@@ -66,7 +66,7 @@ def test_the_link_shows_only_the_agent_and_the_prompt(op_client):
     response = Client().get(path_of(link))
     assert response.status_code == 200
     body = response.json()
-    assert set(body) == {"agent", "reason", "prompt", "schema", "expires_at"}
+    assert set(body) == {"agent", "reason", "prompt", "schema", "expires_at", "action"}
     assert (body["agent"], body["reason"], body["prompt"]) == (
         "demo.approval", "approval", {"question": "Ship it?"})
     assert body["schema"] == APPROVAL and str(run.id) not in response.content.decode()
@@ -168,7 +168,7 @@ def test_a_ticket_consumed_by_another_resume_is_no_longer_open_for_the_link(op_c
     for response in (Client().get(path_of(link)),
                      Client().post(path_of(link), {"name": "Rita", "decision": "reject"},
                                    content_type="application/json")):
-        assert (response.status_code, response.json()["code"]) == (409, "not_awaiting")
+        assert (response.status_code, response.json()["code"]) == (410, "link_stale")
     assert state() == before
 
 
@@ -183,7 +183,7 @@ def test_the_link_is_bound_to_its_ticket_not_to_the_run(op_client):
     before = state()
     response = Client().post(path_of(link), {"name": "Rita", "decision": "approve"},
                              content_type="application/json")
-    assert (response.status_code, response.json()["code"]) == (409, "not_awaiting")
+    assert (response.status_code, response.json()["code"]) == (410, "link_stale")
     assert state() == before
 
 

@@ -115,6 +115,69 @@ class Approval(Agent):
         return {"approved": True}
 
 
+@register
+class Email(Agent):
+    """Asks a person to approve one ``send_email(to, body)`` call, then sends it (or not).
+
+    Input: ``to``, ``body``, ``steps_before`` (1), ``step_seconds`` (0.1). The approval
+    ticket is bound to that call; approved (or edited), the email "sent" is the decided
+    one; refused, nothing is sent and the run completes saying why.
+    """
+
+    name = "demo.email"
+
+    async def run(self, ctx):
+        seconds = float(ctx.input.get("step_seconds", 0.1))
+        await run_steps(ctx, int(ctx.input.get("steps_before", 1)), seconds, 50)
+        if "outcome" not in ctx.state:
+            decision = await ctx.approval(
+                "send_email", {"to": str(ctx.input.get("to", "team@example.com")),
+                               "body": str(ctx.input.get("body", "The weekly report is ready."))},
+                rationale="The report is done; the team asked to be told.")
+            async with ctx.step():  # the decision holds until this step commits
+                if decision.approved:
+                    ctx.log("sending the email", to=decision.arguments.get("to"))
+                    await ctx.tool(send_email, **decision.arguments)
+                ctx.state["outcome"] = {
+                    "sent": [decision.arguments] if decision.approved else [],
+                    "edited": decision.edited, "refused": None if decision.approved
+                    else decision.reason or "refused", "decided_by": decision.actor}
+        return ctx.state["outcome"]
+
+
+async def send_email(to: str, body: str) -> str:
+    """Send an email (the demo only says so)."""
+    await asyncio.sleep(0)
+    return f"sent to {to}"
+
+
+@register
+class Assistant(Agent):
+    """A model with one tool, ``send_email(to, body)``, that needs approval: the model asks
+    for it, the run waits for a person's decision on that exact call, and the model is
+    told the result (or the refusal) and answers.
+
+    Input: ``prompt``, ``model`` (AWAKEN_PROVIDER_MODEL).
+    """
+
+    name = "demo.assistant"
+
+    async def run(self, ctx):
+        sent = ctx.state.setdefault("sent", [])
+
+        @tool(requires_approval=True)
+        async def send_email(to: str, body: str) -> str:
+            """Send an email to ``to``."""
+            sent.append({"to": to, "body": body})
+            return f"sent to {to}"
+
+        answer = await ctx.converse(
+            [{"role": "system", "content": "You send emails for the user when asked."},
+             {"role": "user", "content": str(ctx.input.get("prompt") or "Tell the team.")}],
+            tools=[send_email], model=ctx.input.get("model"))
+        return {"text": answer, "sent": sent}
+
+
 ORDER_SCHEMA = {
     "type": "object", "required": ["colour", "count"],
     "properties": {

@@ -9,10 +9,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from runs.api.permissions import IsOperator
-from runs.api.serializers import ErrorSerializer, NoBodySerializer, StrictSerializer
+from runs.api.serializers import (
+    ActionSerializer,
+    ErrorSerializer,
+    NoBodySerializer,
+    StrictSerializer,
+)
 from runs.api.views import ERRORS, OperatorPostMixin, actor, validated
 from runs.domain import review
-from runs.domain.representation import when
+from runs.domain.representation import action_data, when
 from runs.models import LinkState
 
 LINK_STATES = [*LinkState.values, "expired"]
@@ -61,6 +66,8 @@ class ReviewSerializer(serializers.Serializer):
     schema = serializers.JSONField(allow_null=True,
                                    help_text="JSON Schema the answer's input must satisfy.")
     expires_at = serializers.DateTimeField()
+    action = ActionSerializer(allow_null=True,
+                              help_text="The one tool call the approval is for: what will run.")
 
 
 class ReviewAnswerSerializer(StrictSerializer):
@@ -69,13 +76,38 @@ class ReviewAnswerSerializer(StrictSerializer):
     decision = serializers.ChoiceField(
         choices=["approve", "reject"], required=False,
         help_text='For an approval: the input {"approved": true} or {"approved": false}.')
+    arguments = serializers.DictField(
+        child=serializers.JSONField(), required=False,
+        help_text="With decision approve, for a ticket bound to an action: the edited "
+                  "arguments to run instead.")
+    reason = serializers.CharField(
+        required=False, max_length=500, help_text="With decision reject: why.")
+    digest = serializers.CharField(
+        required=False, max_length=64,
+        help_text="With a decision: the digest of the action decided on; another than the "
+                  "ticket's is 409 ticket_mismatch.")
     input = serializers.JSONField(required=False, allow_null=True,
                                   help_text="The resume input (not with decision).")
 
     def validate(self, data):
         if "decision" in data and "input" in data:
             raise serializers.ValidationError("Give a decision or an input, not both.")
+        if "decision" not in data and {"arguments", "reason", "digest"} & set(data):
+            raise serializers.ValidationError(
+                "arguments, reason and digest go with a decision.")
+        if data.get("decision") == "reject" and "arguments" in data:
+            raise serializers.ValidationError("A rejection runs nothing: no arguments.")
         return data
+
+    @staticmethod
+    def resume_input(data):
+        """The resume input the answer makes: the input, or the decision's."""
+        if "decision" not in data:
+            return data.get("input")
+        value = {"approved": data["decision"] == "approve"}
+        value.update({key: data[key] for key in ("arguments", "reason", "digest")
+                      if key in data})
+        return value
 
 
 class ReviewAnsweredSerializer(serializers.Serializer):
@@ -132,12 +164,14 @@ class ReviewView(APIView):
     @extend_schema(operation_id="review_retrieve", auth=[],
                    responses={200: ReviewSerializer, **REVIEW_ERRORS})
     def get(self, request, token):
-        """What the reviewer is asked: the run's agent and the ticket's prompt, nothing
-        else. 404 for an unknown link; 410 ``link_expired``, ``link_used`` or
-        ``link_revoked``; 409 ``not_awaiting`` once its ticket is no longer open."""
+        """What the reviewer is asked: the run's agent, the ticket's prompt and the action
+        it is bound to, nothing else. 404 for an unknown link; 410 ``link_expired``,
+        ``link_used`` or ``link_revoked``, and ``link_stale`` once its ticket is no longer
+        open (the run moved on)."""
         found = review.review_link_open(token=token)
         return Response({"agent": found.agent, "reason": found.reason, "prompt": found.prompt,
-                         "schema": found.schema, "expires_at": when(found.expires_at)})
+                         "schema": found.schema, "expires_at": when(found.expires_at),
+                         "action": action_data(found.action)})
 
     @extend_schema(operation_id="review_answer", auth=[], request=ReviewAnswerSerializer,
                    responses={200: ReviewAnsweredSerializer, **REVIEW_ERRORS})
@@ -147,8 +181,6 @@ class ReviewView(APIView):
         ticket's schema refuses."""
         review.review_link_known(token=token)  # a wrong token learns nothing more
         data = validated(ReviewAnswerSerializer, request)  # a bad body changes nothing
-        value = data.get("input")
-        if "decision" in data:
-            value = {"approved": data["decision"] == "approve"}
-        review.review_link_use(token=token, name=data["name"], input=value)
+        review.review_link_use(token=token, name=data["name"],
+                               input=ReviewAnswerSerializer.resume_input(data))
         return Response({"resumed": True})

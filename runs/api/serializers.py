@@ -42,12 +42,29 @@ class OffsetDateTimeField(serializers.DateTimeField):
         return super().enforce_timezone(value)
 
 
+class ActionSerializer(serializers.Serializer):
+    tool = serializers.CharField(help_text="The tool the agent asks to call.")
+    arguments = serializers.DictField(
+        child=serializers.JSONField(), required=False,
+        help_text="The arguments it asks to call it with (left out of a truncated push).")
+    digest = serializers.CharField(
+        help_text='SHA-256 hex of the canonical JSON (sorted keys, no spaces) of '
+                  '{"tool": …, "arguments": …}.')
+    rationale = serializers.CharField(allow_null=True, help_text="Why, as the agent says.")
+
+
 class TicketSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     reason = serializers.CharField()
     prompt = serializers.JSONField(allow_null=True)
     schema = serializers.JSONField(
         allow_null=True, help_text="JSON Schema the resume input must satisfy, if any.")
+    action = ActionSerializer(
+        allow_null=True,
+        help_text='The one tool call an approval ticket is bound to; null when unbound. '
+                  'Resume input: {"approved": true}, {"approved": true, "arguments": {…}} '
+                  '(edited) or {"approved": false, "reason": str}, with an optional '
+                  '"digest" that must be this one (else 409 ticket_mismatch).')
     created_at = serializers.DateTimeField()
 
 
@@ -176,7 +193,11 @@ class StopSerializer(StrictSerializer):
 
 class ResumeSerializer(StrictSerializer):
     ticket = serializers.UUIDField()
-    input = serializers.JSONField(required=False, allow_null=True)
+    input = serializers.JSONField(
+        required=False, allow_null=True,
+        help_text='The answer. For a ticket bound to an action, a decision: '
+                  '{"approved": true}, {"approved": true, "arguments": {…}} or '
+                  '{"approved": false, "reason": str}, optionally with "digest".')
 
 
 class DeliverSerializer(StrictSerializer):

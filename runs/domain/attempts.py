@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from runs.domain import outside, sql
+from runs.domain.approvals import action_of
 from runs.domain.bulk import bulk_jobs_resend
 from runs.domain.core import (
     Ending,
@@ -30,7 +31,7 @@ from runs.domain.core import (
     record_intent,
     release_claim,
 )
-from runs.domain.errors import Fenced
+from runs.domain.errors import Fenced, InvalidRequest
 from runs.domain.schemas import check_schema
 from runs.domain.text import short_id
 from runs.models import (
@@ -108,14 +109,21 @@ def attempt_step(*, run_id, generation: int, tokens: int = 0, agent_state=None,
 
 def attempt_pause(*, run_id, generation: int, reason: str = TicketReason.MANUAL_PAUSE,
                   prompt=None, schema=None, agent_state=None, actor: str | None = None,
-                  source: str | None = "worker") -> ResumeTicket | None:
+                  source: str | None = "worker", action: dict | None = None,
+                  ) -> ResumeTicket | None:
     """Move the run to ``awaiting`` with a new open ticket; the attempt closes.
 
     ``schema`` (a JSON Schema) is what the resume input must satisfy; an invalid one is
-    refused (InvalidRequest) and nothing changes. A pending cancel or stop wins over the
-    pause: the run ends instead and None is returned.
+    refused (InvalidRequest) and nothing changes. ``action`` (``tool``, ``arguments``,
+    ``rationale``) binds an approval ticket to that one tool call (``runs.domain.approvals``).
+    A pending cancel or stop wins over the pause: the run ends instead and None is returned.
     """
     check_schema(schema)
+    if action is not None:
+        if reason != TicketReason.APPROVAL:
+            raise InvalidRequest("Only an approval is bound to an action.", field="action")
+        action = action_of(tool=action.get("tool"), arguments=action.get("arguments"),
+                           rationale=action.get("rationale"))
     with transaction.atomic():
         run = _locked_current(run_id, generation)
         intent = pending_intent(run)
@@ -125,13 +133,15 @@ def attempt_pause(*, run_id, generation: int, reason: str = TicketReason.MANUAL_
             return None
         released = release_claim(run, CloseReason.PAUSED, now=timezone.now())
         ticket = ResumeTicket.objects.create(
-            run=run, generation=generation, reason=reason, prompt=prompt, schema=schema
-        )
+            run=run, generation=generation, reason=reason, prompt=prompt, schema=schema,
+            action=action)
         run.state = RunState.AWAITING
         run.ticket = ticket
         run.agent_state = agent_state if agent_state is not None else run.agent_state
         record(run, EventKind.PAUSED, fields=("state", "ticket", "agent_state", *released),
-               actor=actor, source=source, data={"ticket": str(ticket.pk), "reason": reason})
+               actor=actor, source=source, data={
+                   "ticket": str(ticket.pk), "reason": reason,
+                   **({"tool": action["tool"], "digest": action["digest"]} if action else {})})
     return ticket
 
 

@@ -92,6 +92,13 @@ class LinkRevoked(LinkGone):
     code = "link_revoked"
 
 
+class LinkStale(LinkGone):
+    """The link's ticket is no longer open: its run moved on (resumed another way, or
+    ended), so the question it asked is not asked any more."""
+
+    code = "link_stale"
+
+
 class BulkJobNotFound(ServiceError):
     code = "not_found"
     status = 404

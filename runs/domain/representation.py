@@ -31,7 +31,16 @@ def ticket_data(ticket) -> dict | None:
     if ticket is None:
         return None
     return {"id": str(ticket.id), "reason": ticket.reason, "prompt": ticket.prompt,
-            "schema": ticket.schema, "created_at": when(ticket.created_at)}
+            "schema": ticket.schema, "action": action_data(ticket.action),
+            "created_at": when(ticket.created_at)}
+
+
+def action_data(action: dict | None) -> dict | None:
+    """The one tool call an approval ticket is bound to (``runs.domain.approvals``)."""
+    if action is None:
+        return None
+    return {"tool": action["tool"], "arguments": action["arguments"],
+            "digest": action["digest"], "rationale": action.get("rationale")}
 
 
 def control_data(intent) -> dict | None:
@@ -101,6 +110,10 @@ def truncated(data: dict) -> dict:
     cut = {key: value for key, value in data.items() if key not in ("input", "output")}
     if cut["ticket"] is not None:
         cut["ticket"] = {key: value for key, value in cut["ticket"].items() if key != "prompt"}
+        if cut["ticket"].get("action") is not None:
+            cut["ticket"]["action"] = {key: value for key, value
+                                       in cut["ticket"]["action"].items()
+                                       if key != "arguments"}
     cut["truncated"] = True
     return cut
 

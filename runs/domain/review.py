@@ -1,11 +1,13 @@
 """Review links: a single-use, expiring link that answers one awaiting run's ticket.
 
 An operator makes one (``review_link_create``) and sends it to a reviewer who has no
-account. The link is bound to the run's open ticket at that moment: opening it shows that
-run's agent and the ticket's prompt, nothing else; using it resumes the run through
-``run_resume`` with the reviewer's name as the actor and source ``link``, and the link is
-consumed in the same transaction. An expired, used or revoked link, or one whose ticket is
-no longer open (the run was resumed some other way, or ended), changes nothing.
+account. The link is bound to the run's open ticket at that moment, and so to the one tool
+call an approval ticket is bound to: opening it shows that run's agent, the ticket's
+prompt and its action, nothing else; using it resumes the run through ``run_resume`` with
+the reviewer's name as the actor and source ``link``, and the link is consumed in the same
+transaction. An expired, used or revoked link, or one whose ticket is no longer open (the
+run moved on: resumed some other way, or ended), changes nothing: it fails closed, and
+the run stays as it is (an expired link decides nothing; the run stays ``awaiting``).
 
 The token is 256 random bits, shown once; only its SHA-256 is stored.
 """
@@ -24,9 +26,9 @@ from runs.domain.errors import (
     LinkExpired,
     LinkNotFound,
     LinkRevoked,
+    LinkStale,
     LinkUsed,
     NotAwaiting,
-    TicketMismatch,
 )
 from runs.domain.runs import run_resume
 from runs.domain.selectors import parse_run_id, parse_uuid, run_get
@@ -66,13 +68,15 @@ class Review:
     prompt: object
     schema: dict | None
     expires_at: object
+    action: dict | None = None  # the one tool call an approval ticket is bound to
 
 
 def review_link_open(*, token: str) -> Review:
     """What the link shows; refused (and nothing shown) unless it can still be used."""
     link = _usable(_find(ReviewLink.objects.select_related("run", "ticket"), token))
     return Review(agent=link.run.agent, reason=link.ticket.reason, prompt=link.ticket.prompt,
-                  schema=link.ticket.schema, expires_at=link.expires_at)
+                  schema=link.ticket.schema, expires_at=link.expires_at,
+                  action=link.ticket.action)
 
 
 def review_link_known(*, token: str) -> None:
@@ -85,17 +89,18 @@ def review_link_use(*, token: str, name: str, input=None) -> Run:
     """Answer the link's ticket: resume its run with ``input`` in the reviewer's ``name``
     and consume the link, in one transaction. Refused, with nothing changed, when the link
     cannot be used, the ticket is no longer open, or the input does not satisfy the
-    ticket's schema."""
+    ticket's schema (or, for a ticket bound to an action, is not a decision on it)."""
     name = _clean_name(name)
     with transaction.atomic():
         # The link's row lock, then the run's (in run_resume): a revoke, or a second use of
         # the same link, waits for this one and then finds it used.
         link = _usable(_find(ReviewLink.objects.select_for_update(), token))
-        try:
-            run = run_resume(run_id=link.run_id, ticket_id=link.ticket_id, input=input,
-                             actor=name, source=Source.LINK)
-        except (NotAwaiting, TicketMismatch):
-            raise NotAwaiting("The ticket of this link is no longer open.") from None
+        run = locked_run(link.run_id)
+        if run.state != RunState.AWAITING or str(run.ticket_id) != str(link.ticket_id):
+            raise LinkStale("The ticket of this link is no longer open: the run moved on.")
+        # A decision that names another action than the ticket's is a TicketMismatch.
+        run = run_resume(run_id=link.run_id, ticket_id=link.ticket_id, input=input,
+                         actor=name, source=Source.LINK)
         link.state = LinkState.USED
         link.closed_at = timezone.now()
         link.closed_by = name
@@ -152,7 +157,7 @@ def _usable(link: ReviewLink) -> ReviewLink:
         raise LinkExpired("This link has expired.")
     if not Run.objects.filter(pk=link.run_id, state=RunState.AWAITING,
                               ticket_id=link.ticket_id).exists():
-        raise NotAwaiting("The ticket of this link is no longer open.")
+        raise LinkStale("The ticket of this link is no longer open: the run moved on.")
     return link
 
 

@@ -11,6 +11,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from runs.domain import activity, limits, outside, sql
+from runs.domain.approvals import decision_of
 from runs.domain.catalogue import CATALOGUE
 from runs.domain.core import (
     Ending,
@@ -356,7 +357,9 @@ def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run
 
     Fails closed: a run that is not awaiting (an ended one included) raises NotAwaiting,
     another ticket raises TicketMismatch, and an input that does not satisfy the ticket's
-    schema raises InvalidRequest; none of them changes anything.
+    schema raises InvalidRequest; none of them changes anything. A ticket bound to an
+    action takes a decision on it (``runs.domain.approvals.decision_of``), kept as checked
+    and recorded on the ``resumed`` event: what was decided and which arguments run.
     """
     _check_input(input)
     with transaction.atomic():
@@ -367,6 +370,10 @@ def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run
         if str(ticket.pk) != str(ticket_id):
             raise TicketMismatch(f"Ticket {ticket_id} is not the open ticket of run {run.id}.")
         check_input(ticket.schema, input)
+        decided = {}
+        if ticket.action is not None:
+            decision = decision_of(ticket.action, input)
+            input, decided = decision.stored(), decision.event_data(ticket.action)
         ticket.state = TicketState.CONSUMED
         ticket.resume_input = input
         ticket.closed_at = timezone.now()
@@ -377,6 +384,6 @@ def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run
         run.dispatched_at = ticket.closed_at
         record(run, EventKind.RESUMED, fields=("ticket", "state", "dispatched_at"),
                actor=actor, source=source,
-               data={"ticket": str(ticket.pk)})
+               data={"ticket": str(ticket.pk), **decided})
         dispatch_after_commit(run)
     return run

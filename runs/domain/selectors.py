@@ -308,6 +308,16 @@ def events_after(*, after: int = 0, limit: int = 100):
 
 
 @dataclass(frozen=True)
+class Resumed:
+    """The resume an attempt follows, while it awaits the agent's next committed step."""
+
+    reason: str  # the ticket's
+    input: object  # the resume input (for an approval: the checked decision)
+    action: dict | None = None  # the one tool call an approval ticket was bound to
+    actor: str | None = None  # who resumed it
+
+
+@dataclass(frozen=True)
 class AttemptView:
     """What an attempt needs to know of its run when it starts."""
 
@@ -315,7 +325,7 @@ class AttemptView:
     input: dict
     parent_id: str | None
     agent_state: dict | None
-    resume: tuple | None  # (ticket reason, resume input) while a resume awaits its next step
+    resume: Resumed | None  # the resume this attempt follows, until its next step commits
     steps: int
     tokens: int
     seconds_used: float
@@ -333,16 +343,17 @@ def attempt_view(*, run: Run, generation: int) -> AttemptView:
     ticket = None
     if generation > 1:  # a first attempt follows no resume
         resumed = (ResumeTicket.objects.filter(run_id=run.pk, state=TicketState.CONSUMED)
-                   .order_by("-closed_at").values_list("generation", "reason", "resume_input")
+                   .order_by("-closed_at").values_list("generation", "reason", "resume_input",
+                                                        "action", "closed_by")
                    .first())
         if resumed is not None and not Event.objects.filter(
                 run_id=run.pk, kind=EventKind.STEP, generation__gt=resumed[0]).exists():
-            ticket = resumed[1:]
+            ticket = Resumed(*resumed[1:])
     return AttemptView(
         agent=run.agent, input=run.input or {},
         parent_id=None if run.parent_id is None else str(run.parent_id),
         agent_state=run.agent_state,
-        resume=tuple(ticket) if ticket else None, steps=run.steps, tokens=run.tokens,
+        resume=ticket, steps=run.steps, tokens=run.tokens,
         seconds_used=run.seconds_used, max_steps=run.max_steps, max_seconds=run.max_seconds,
         max_tokens=run.max_tokens,
     )

@@ -278,7 +278,7 @@ def wants_html(request) -> bool:
 # A link that cannot be used says why, with the status the JSON answer has.
 LINK_PROBLEMS = {"link_expired": "This link has expired.", "link_used": "This link was "
                  "already used.", "link_revoked": "This link was withdrawn.",
-                 "not_awaiting": "This request was already answered, or the run ended.",
+                 "link_stale": "This request was already answered, or the run ended.",
                  "not_found": "There is no such review link."}
 
 

@@ -13,9 +13,11 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from runs.domain.actions import action_digest
 from runs.domain.catalogue import register
 from runs.domain.text import clipped
 from runs.providers.client import ProviderError, Reply, ToolCall
@@ -24,8 +26,8 @@ from runs.runtime.output import LiveOutput
 from runs.runtime.token import CancellationToken, Why
 from runs.runtime.tools import Tool, Toolbox, as_tool, tool
 
-__all__ = ["Agent", "BudgetExceeded", "Context", "Interrupted", "Paused", "ProviderError",
-           "Reply", "Tool", "register", "tool"]
+__all__ = ["Agent", "BudgetExceeded", "Context", "Decision", "Interrupted", "Paused",
+           "ProviderError", "Reply", "Tool", "register", "tool"]
 
 RECORDED_TEXT = 16_000  # characters of a reply or of tool arguments kept in a step's event
 
@@ -40,6 +42,17 @@ class Interrupted(Exception):
 
 class Paused(Exception):
     """The run moved to ``awaiting``; this attempt is over."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A person's decision on one tool call (``Context.approval``)."""
+
+    approved: bool
+    arguments: dict  # the ones to run: the edited ones if edited, else those asked for
+    edited: bool
+    reason: str | None  # why, as the decider said (a refusal's reason, most often)
+    actor: str | None  # who decided
 
 
 class BudgetExceeded(Exception):
@@ -77,7 +90,9 @@ class Context:
         self.token = token
         # The run's steps and tokens as last committed: set by the host at each commit.
         self.usage: dict | None = usage
-        self._resume = resume  # (ticket reason, resume input) when this attempt follows a resume
+        # The resume this attempt follows (runs.domain.selectors.Resumed: the ticket's
+        # reason, the resume input, the action and who decided), until it is taken.
+        self._resume = resume
         self._host = host
         self._step_tokens = 0
         self._step_data: dict = {}  # what the step's event records: replies, tool calls
@@ -115,6 +130,7 @@ class Context:
         self.check()
         await self._host.commit_step(self, tokens=self._step_tokens,
                                      data=self._step_data or None)
+        self._resume = None  # a resume reaches the agent until its next committed step
         steps = (self.usage or {}).get("steps")
         self.record_activity("step", at=at, text=f"step {steps}" if steps else "step",
                        ms=(time.perf_counter() - started) * 1000, tokens=self._step_tokens)
@@ -177,6 +193,13 @@ class Context:
         in the next round. A tool that raises sends its error to the model instead. The
         conversation is kept in ``ctx.state[key]``, so a later attempt goes on from the
         last committed round; ``messages`` only starts it.
+
+        A tool made with ``requires_approval=True`` runs only once a person approves the
+        call (``approval``): a reply that asks for one commits with its step, calls
+        unanswered, and the next step asks; the run waits in ``awaiting`` without asking
+        the model again. Approved, the call runs with the decided (maybe edited)
+        arguments; refused, the model gets ``refused: <reason>`` as its result and the
+        conversation goes on.
         """
         toolbox = Toolbox(tools)
         conversation = list(self.state.get(key) or [dict(message) for message in messages])
@@ -187,19 +210,59 @@ class Context:
                                    "rounds.")
             rounds += 1
             async with self.step():
+                if _unanswered(conversation):  # the calls of a committed reply
+                    conversation = await self._answer_calls(toolbox, conversation, key)
                 reply = await self.chat(conversation, model=model,
                                         tools=toolbox.tools or None, **params)
-                results = await asyncio.gather(
-                    *(self._tool_call(toolbox, call) for call in reply.tool_calls),
-                    return_exceptions=True)
-                for result in results:
-                    if isinstance(result, BaseException):
-                        raise result
-                conversation = [*conversation, reply.message, *(
-                    {"role": "tool", "tool_call_id": call.id, "content": result}
-                    for call, result in zip(reply.tool_calls, results, strict=True))]
+                conversation = [*conversation, reply.message]
                 self.state[key] = conversation
+                if not any(_needs_approval(toolbox, call) for call in reply.tool_calls):
+                    conversation = await self._answer_calls(toolbox, conversation, key)
+                # else the reply commits with this step, its calls unanswered: the next
+                # step asks for their approval (a pause there is a checkpoint after it).
         return conversation[-1].get("content") or ""
+
+    async def _answer_calls(self, toolbox: Toolbox, conversation: list[dict],
+                            key: str) -> list[dict]:
+        """The conversation with the results of the last reply's calls not answered yet.
+        Calls that need approval go first, one at a time, each result kept in
+        ``ctx.state[key]`` at once: a pause for the next approval commits it with the
+        ticket, so a decided call is not asked about again. The others run together."""
+        calls = _unanswered(conversation)
+
+        def answered(call, result):
+            return {"role": "tool", "tool_call_id": call.id, "content": result}
+
+        for call in calls:
+            if _needs_approval(toolbox, call):
+                result = await self._approved_call(toolbox, call)
+                conversation = [*conversation, answered(call, result)]
+                self.state[key] = conversation
+        rest = [call for call in calls if not _needs_approval(toolbox, call)]
+        results = await asyncio.gather(*(self._tool_call(toolbox, call) for call in rest),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        conversation = [*conversation, *(answered(call, result)
+                                         for call, result in zip(rest, results, strict=True))]
+        self.state[key] = conversation
+        return conversation
+
+    async def _approved_call(self, toolbox: Toolbox, call: ToolCall) -> str:
+        """A call of a tool that needs approval: run with the decided arguments once
+        approved (or edited); a refusal is sent to the model as ``refused: <reason>``."""
+        try:
+            arguments = call.parsed()
+        except ValueError:  # nothing to approve: the model is told, as for any tool
+            return await self._tool_call(toolbox, call)
+        decision = await self.approval(call.name, arguments)
+        if not decision.approved:
+            self._step_data.setdefault("tools", []).append({
+                "name": call.name, "call_id": call.id, "ok": False, "ms": 0.0,
+                "refused": True, **({"error": decision.reason} if decision.reason else {})})
+            return f"refused: {decision.reason or 'no reason given'}"
+        return await self._tool_call(toolbox, call, arguments=decision.arguments)
 
     async def tool(self, fn: Callable, *args, **kwargs):
         """Call a tool: async ones are awaited, sync ones run in a thread; both are abandoned
@@ -231,13 +294,15 @@ class Context:
                     "ok": record["ok"], **({"error": record["error"]}
                                            if "error" in record else {})})
 
-    async def _tool_call(self, toolbox: Toolbox, call: ToolCall) -> str:
-        """Run one tool the model asked for; its result (or error) as the text to send."""
+    async def _tool_call(self, toolbox: Toolbox, call: ToolCall, *,
+                         arguments: dict | None = None) -> str:
+        """Run one tool the model asked for (with ``arguments`` instead of the model's, when
+        given: an approval's edited ones); its result (or error) as the text to send."""
         found = toolbox.get(call.name)
         try:
             if found is None:
                 raise LookupError(f"no tool is named {call.name!r}")
-            arguments = call.parsed()
+            arguments = call.parsed() if arguments is None else arguments
         except (LookupError, ValueError) as error:
             self._step_data.setdefault("tools", []).append({
                 "name": call.name, "call_id": call.id, "ok": False, "ms": 0.0,
@@ -291,11 +356,42 @@ class Context:
         the run moves to ``awaiting`` with a ticket, and the attempt ends (Paused). With a
         ``schema`` (a JSON Schema), a resume whose input does not satisfy it is refused.
         """
-        if self._resume is not None and self._resume[0] == reason:
-            _, value = self._resume
+        resumed = self._resume
+        if resumed is not None and resumed.reason == reason and resumed.action is None:
             self._resume = None
-            return value
+            return resumed.input
         await self._host.pause(self, reason=reason, prompt=prompt, schema=schema)
+        raise Paused()
+
+    async def approval(self, tool: str, arguments: dict, *,
+                       rationale: str | None = None) -> Decision:
+        """A person's decision on one call of ``tool`` with ``arguments``, before it runs.
+
+        After a resume of the approval ticket of this exact call (same digest,
+        ``runs.domain.actions.action_digest``), returns its decision: approved, edited
+        (``Decision.arguments`` are then the edited ones, the ones to run) or refused with
+        a reason; every attempt until the next committed step gets it, so a crash after
+        the decision does not ask again. Otherwise the run moves to ``awaiting`` with an
+        approval ticket bound to this call (its ``action``: tool, arguments, digest and
+        ``rationale``) and the attempt ends (Paused). A decision never applies to another
+        call: asked for other arguments, it pauses with a new ticket.
+        """
+        self.check()
+        digest = action_digest(tool, arguments)
+        resumed = self._resume
+        if (resumed is not None and resumed.reason == "approval" and resumed.action
+                and resumed.action.get("digest") == digest):
+            self._resume = None
+            value = resumed.input if isinstance(resumed.input, dict) else {}
+            approved = value.get("approved") is True
+            return Decision(approved=approved,
+                            arguments=value.get("arguments", arguments) if approved
+                            else arguments,
+                            edited=approved and "arguments" in value,
+                            reason=value.get("reason"), actor=resumed.actor)
+        await self._host.pause(self, reason="approval", prompt=rationale, schema=None,
+                               action={"tool": tool, "arguments": arguments,
+                                       "rationale": rationale})
         raise Paused()
 
     # --- children ------------------------------------------------------------------------
@@ -329,6 +425,26 @@ def _now():
 def _answered(conversation: list[dict]) -> bool:
     last = conversation[-1] if conversation else {}
     return last.get("role") == "assistant" and not last.get("tool_calls")
+
+
+def _unanswered(conversation: list[dict]) -> list[ToolCall]:
+    """The calls of the conversation's last reply that have no result in it yet."""
+    for index in range(len(conversation) - 1, -1, -1):
+        message = conversation[index]
+        if message.get("role") == "assistant":
+            done = {later.get("tool_call_id") for later in conversation[index + 1:]
+                    if later.get("role") == "tool"}
+            return [ToolCall(call.get("id"), (call.get("function") or {}).get("name", ""),
+                             (call.get("function") or {}).get("arguments") or "{}")
+                    for call in message.get("tool_calls") or () if call.get("id") not in done]
+        if message.get("role") != "tool":
+            return []
+    return []
+
+
+def _needs_approval(toolbox: Toolbox, call: ToolCall) -> bool:
+    found = toolbox.get(call.name)
+    return found is not None and found.requires_approval
 
 
 def _capped(text: str, limit: int = RECORDED_TEXT) -> tuple[str, bool]:

@@ -51,14 +51,14 @@ class AttemptHost:
 
     # --- pauses and the live inbox ---------------------------------------------------------
 
-    async def pause(self, ctx: Context, *, reason: str, prompt, schema=None,
+    async def pause(self, ctx: Context, *, reason: str, prompt, schema=None, action=None,
                     source: str | None = None) -> None:
         """Pause the run: asked by the agent (``wait_for_input``: the worker's doing), or
         an operator's pause taken at a step boundary, in that operator's name and source."""
         await self.activity_log.flushed()
         ticket = await self.db(domain.attempt_pause, run_id=ctx.run_id,
                                generation=ctx.generation, reason=reason, prompt=prompt,
-                               schema=schema, agent_state=ctx.state,
+                               schema=schema, action=action, agent_state=ctx.state,
                                actor=self.entry.pause_actor if source else None,
                                source=source or "worker")
         why = ctx.token.why

@@ -38,9 +38,10 @@ class Host(Protocol):
     # --- pauses and the live inbox ---------------------------------------------------------
 
     async def pause(self, ctx: Context, *, reason: str, prompt: Any,
-                    schema: dict | None = None) -> None:
+                    schema: dict | None = None, action: dict | None = None) -> None:
         """Move the run to ``awaiting`` with a ticket for ``reason`` (the agent waits for
-        input). The context raises ``Paused`` after it."""
+        input), committed with ``ctx.state``; ``action`` (tool, arguments, rationale) binds
+        an approval ticket to that one call. The context raises ``Paused`` after it."""
 
     async def receive(self, ctx: Context) -> Any:
         """The next item of the attempt's live inbox (a message, or None for a wake),

@@ -23,6 +23,7 @@ class Tool:
     fn: Callable
     description: str
     parameters: dict
+    requires_approval: bool = False  # ``converse`` asks ``ctx.approval`` before each call
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
@@ -35,14 +36,18 @@ class Tool:
 
 
 def tool(fn: Callable | None = None, *, name: str | None = None,
-         description: str | None = None, parameters: dict | None = None):
-    """Describe ``fn`` as a tool; usable as ``@tool`` or ``@tool(name=...)``."""
+         description: str | None = None, parameters: dict | None = None,
+         requires_approval: bool = False):
+    """Describe ``fn`` as a tool; usable as ``@tool`` or ``@tool(name=...)``. With
+    ``requires_approval``, each call the model asks for waits for a person's decision
+    (``Context.approval``) before it runs."""
 
     def make(fn: Callable) -> Tool:
         doc = inspect.getdoc(fn) or ""
         return Tool(name=name or fn.__name__, fn=fn,
                     description=description or (doc.splitlines()[0] if doc else fn.__name__),
-                    parameters=parameters or parameters_of(fn))
+                    parameters=parameters or parameters_of(fn),
+                    requires_approval=requires_approval)
 
     return make(fn) if fn is not None else make
 

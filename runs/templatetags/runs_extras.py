@@ -18,8 +18,16 @@ def short_id(value) -> str:
 
 @register.filter
 def event_note(event) -> str:
-    """The why of an event, if it has one: a request's reason, a stop's, or an error."""
+    """The why of an event, if it has one: a request's reason, a stop's, or an error; for
+    a decision on one tool call, what was decided, on which tool, with which arguments."""
     data = event.data or {}
+    if data.get("decision"):
+        note = f"{data['decision']} {data.get('tool', '')}"
+        if data.get("arguments") is not None:
+            shown = ", ".join(f"{name}={argument_value(value)}"
+                              for name, value in data["arguments"].items())
+            note += f" with {text.clipped(shown, 300)}"
+        return note + (f": {data['reason']}" if data.get("reason") else "")
     return data.get("reason") or data.get("stop_reason") or data.get("error") or ""
 
 
@@ -48,6 +56,15 @@ def allows(run, action) -> bool:
 def pretty_json(value) -> str:
     """A JSON value as people read it: indented, keys in their order, text unescaped."""
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+@register.filter
+def argument_value(value) -> str:
+    """One argument of a tool call as people read it: text as it is, anything else as
+    compact JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 @register.filter

@@ -230,12 +230,30 @@ export function controls(apply) {
   // --- Resume: the ticket's prompt, Approve / Reject, a form from its schema ---------------
 
   let ticket = null;
+  let mode = "review";  // for a ticket bound to an action: "review", "edit" or "reject"
 
-  async function openResume(row) {
+  // Approve / Edit / Reject of a ticket bound to one call: the buttons and fields a mode needs.
+  function setMode(next) {
+    mode = next;
+    const box = resumeDialog.querySelector('[data-field="resume-action"]');
+    const reject = resumeDialog.querySelector('[data-action="reject-resume"]');
+    const edit = resumeDialog.querySelector('[data-action="edit-resume"]');
+    const confirm = resumeDialog.querySelector('[data-action="confirm-resume"]');
+    const focus = actionMode(box, mode);
+    edit.hidden = mode !== "review";
+    confirm.hidden = mode === "reject";
+    confirm.textContent = mode === "edit" ? "Approve edited" : "Approve";
+    reject.textContent = mode === "reject" ? "Confirm rejection" : "Reject…";
+    setField(resumeDialog, "dialog-error", "");
+    focus?.focus();
+  }
+
+  async function openResume(row, wanted = "review") {
     if (!resumeDialog) return;
     const id = row.dataset.runId;
     target = row;
     ticket = null;
+    mode = "review";
     setField(resumeDialog, "resume-run", shortId(id));
     setField(resumeDialog, "dialog-error", "");
     setField(resumeDialog, "resume-why", "");
@@ -247,7 +265,13 @@ export function controls(apply) {
     promptBox.hidden = true;
     form.hidden = true;
     raw.hidden = false;
+    const actionBox = resumeDialog.querySelector('[data-field="resume-action"]');
+    actionBox.hidden = true;
+    actionBox.replaceChildren();
+    resumeDialog.querySelector('[data-action="edit-resume"]').hidden = true;
     reject.hidden = true;
+    reject.textContent = "Reject";
+    confirm.hidden = false;
     confirm.textContent = "Resume";
     resumeDialog.querySelector('[name="resume_input"]').value = "";
     resumeDialog.showModal();
@@ -263,6 +287,14 @@ export function controls(apply) {
     }
     const why = (rules.resume_why || {})[ticket.reason] || "";
     setField(resumeDialog, "resume-why", why);
+    if (ticket.action) {  // one call: shown readably, approved, edited or rejected
+      actionView(actionBox, ticket.action);
+      actionBox.hidden = false;
+      raw.hidden = true;
+      reject.hidden = false;
+      setMode(wanted);
+      return;
+    }
     if (ticket.prompt !== null && ticket.prompt !== undefined) {
       promptBox.textContent = JSON.stringify(ticket.prompt, null, 2);
       promptBox.hidden = false;
@@ -280,8 +312,12 @@ export function controls(apply) {
 
   resumeDialog?.addEventListener("submit", async (event) => {
     const choice = event.submitter ? event.submitter.value : "";
-    if (!["confirm", "reject"].includes(choice) || !target) return;
+    if (!["confirm", "reject", "edit"].includes(choice) || !target) return;
     event.preventDefault();
+    if (ticket && ticket.action && (choice === "edit" || (choice === "reject" && mode !== "reject"))) {
+      setMode(choice);  // Reject asks for a reason first, then for a confirmation
+      return;
+    }
     let input;
     try {
       input = resumeInput(choice);
@@ -296,7 +332,8 @@ export function controls(apply) {
         apply((await send("POST", `/api/runs/${id}/resume/`, { ticket: ticketId, input })).data);
         resumeDialog.close("done");
         toast(choice === "reject" ? "Rejected: the run goes on with your answer."
-          : `Run ${shortId(id)} resumed.`);
+          : ticket && ticket.action ? `Approved: ${ticket.action.tool} runs${mode === "edit" ? " with your edits" : ""}.`
+            : `Run ${shortId(id)} resumed.`);
       } catch (problem) {
         setField(resumeDialog, "dialog-error", problem.message);
       }
@@ -304,6 +341,10 @@ export function controls(apply) {
   });
 
   function resumeInput(choice) {
+    if (ticket && ticket.action) {
+      return actionDecision(resumeDialog.querySelector('[data-field="resume-action"]'),
+                            ticket.action, mode, choice === "confirm");
+    }
     if (ticket && ticket.reason === "approval") return { approved: choice === "confirm" };
     const form = resumeDialog.querySelector('[data-field="schema-form"]');
     if (!form.hidden) return formValue(form, ticket.schema);
@@ -382,4 +423,109 @@ export function formValue(box, schema) {
     else value[name] = field.value;
   }
   return value;
+}
+
+// --- one tool call asked for approval (a ticket's `action`) ---------------------------------
+
+// One argument as people read it: text as it is, anything else as compact JSON.
+const argumentText = (value) => (typeof value === "string" ? value : JSON.stringify(value));
+
+// The call into `box`: its tool, its arguments by name, the agent's rationale (the same
+// reading as the server's templates/runs/_action.html), and the editor of `actionEditor`.
+export function actionView(box, action) {
+  const view = Object.assign(document.createElement("div"), { className: "action" });
+  view.dataset.field = "action";
+  view.dataset.tool = action.tool;
+  view.dataset.digest = action.digest;
+  const tool = Object.assign(document.createElement("p"), { className: "action-tool" });
+  tool.append("Call ", Object.assign(document.createElement("code"), { textContent: action.tool }),
+              " with:");
+  view.append(tool);
+  const names = Object.keys(action.arguments || {});
+  if (names.length) {
+    const list = Object.assign(document.createElement("dl"), { className: "arguments" });
+    for (const name of names) {
+      const value = action.arguments[name];
+      const row = document.createElement("div");
+      const dd = Object.assign(document.createElement("dd"), { textContent: argumentText(value) });
+      if (typeof value !== "string") dd.className = "json";
+      row.append(Object.assign(document.createElement("dt"), { textContent: name }), dd);
+      list.append(row);
+    }
+    view.append(list);
+  } else {
+    view.append(Object.assign(document.createElement("p"), {
+      className: "muted", textContent: "no arguments" }));
+  }
+  if (action.rationale) {
+    const why = Object.assign(document.createElement("p"), { className: "rationale" });
+    why.append(Object.assign(document.createElement("span"), {
+      className: "muted", textContent: "Why, as the agent says:" }), ` ${action.rationale}`);
+    view.append(why);
+  }
+  box.replaceChildren(view);
+  actionEditor(box, action);
+}
+
+// Below the call: a field per argument to edit it (hidden until Edit) and the reason of
+// a rejection (hidden until Reject).
+export function actionEditor(box, action) {
+  const edit = Object.assign(document.createElement("fieldset"), { className: "action-edit",
+                                                                    hidden: true });
+  edit.dataset.field = "action-edit";
+  edit.append(Object.assign(document.createElement("legend"), {
+    textContent: "The arguments to run (text as it is; other values as JSON)" }));
+  for (const [name, value] of Object.entries(action.arguments || {})) {
+    const label = document.createElement("label");
+    const text = argumentText(value);
+    const field = Object.assign(document.createElement("textarea"), {
+      name: `argument:${name}`, value: text,
+      rows: Math.min(6, Math.max(1, Math.ceil(text.length / 60), text.split("\n").length)) });
+    field.spellcheck = false;
+    field.dataset.json = typeof value === "string" ? "0" : "1";
+    if (field.dataset.json === "1") field.className = "json";
+    label.append(name, field);
+    edit.append(label);
+  }
+  const reason = Object.assign(document.createElement("label"), { className: "action-reason",
+                                                                   hidden: true });
+  reason.dataset.field = "action-reason";
+  reason.append("Why you reject it (the agent is told)",
+                Object.assign(document.createElement("textarea"), {
+                  name: "reject_reason", rows: 2, maxLength: 500 }));
+  box.append(edit, reason);
+}
+
+// Show the part of `box` that `mode` needs: "review" (the call), "edit" (its arguments to
+// edit) or "reject" (a reason). Returns the field to focus.
+export function actionMode(box, mode) {
+  const edit = box.querySelector('[data-field="action-edit"]');
+  const reason = box.querySelector('[data-field="action-reason"]');
+  edit.hidden = mode !== "edit";
+  reason.hidden = mode !== "reject";
+  return mode === "edit" ? edit.querySelector("textarea") : mode === "reject"
+    ? reason.querySelector("textarea") : null;
+}
+
+// The resume input of a decision on `action` made in `box`: approve (with the edited
+// arguments in edit mode) or reject (with the reason given). Throws what is wrong.
+export function actionDecision(box, action, mode, approved) {
+  if (!approved) {
+    const reason = box.querySelector('[name="reject_reason"]').value.trim();
+    if (!reason) throw new Error("Give a reason: the agent is told why.");
+    return { approved: false, reason, digest: action.digest };
+  }
+  if (mode !== "edit") return { approved: true, digest: action.digest };
+  const edited = {};
+  for (const field of box.querySelectorAll('[data-field="action-edit"] textarea')) {
+    const name = field.name.slice("argument:".length);
+    if (field.dataset.json === "1") {
+      try {
+        edited[name] = JSON.parse(field.value);
+      } catch (problem) {
+        throw new Error(`${name} is not valid JSON: ${problem.message}`);
+      }
+    } else edited[name] = field.value;
+  }
+  return { approved: true, arguments: edited, digest: action.digest };
 }

@@ -2,7 +2,7 @@
 // The answer goes to the same link as JSON (runs.api.review); the server checks it.
 
 import { $ } from "./common.js";
-import { formValue, schemaForm } from "./controls.js";
+import { actionDecision, actionEditor, actionMode, formValue, schemaForm } from "./controls.js";
 
 const absolute = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "short" });
 for (const node of document.querySelectorAll("time[datetime]")) {
@@ -22,12 +22,49 @@ if (form) {
     raw.hidden = true;
   }
   const error = form.querySelector('[data-field="form-error"]');
+  // A ticket bound to one call: Approve as shown, Edit its arguments, or Reject with a
+  // reason (asked first, then confirmed).
+  const action = JSON.parse($("#review-action")?.textContent || "null");
+  const actionBox = $('[data-field="review-action"]');
+  let mode = "review";
+  const approve = form.querySelector('button[value="approve"]');
+  const edit = form.querySelector('button[value="edit"]');
+  const reject = form.querySelector('button[value="reject"]');
+  const setMode = (next) => {
+    mode = next;
+    actionMode(actionBox, mode)?.focus();
+    edit.hidden = mode !== "review";
+    approve.hidden = mode === "reject";
+    approve.textContent = mode === "edit" ? "Approve edited" : "Approve";
+    reject.textContent = mode === "reject" ? "Confirm rejection" : "Reject…";
+  };
+  if (action) actionEditor(actionBox, action);
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     error.textContent = "";
     const body = { name: form.name.value.trim() };
     const choice = event.submitter ? event.submitter.value : "answer";
-    if (choice === "approve" || choice === "reject") body.decision = choice;
+    if (action && (choice === "edit" || (choice === "reject" && mode !== "reject"))) {
+      setMode(choice);
+      return;
+    }
+    if (action) {
+      if (!body.name) {
+        error.textContent = "Give your name: it is recorded with your decision.";
+        form.name.focus();
+        return;
+      }
+      try {
+        const decision = actionDecision(actionBox, action, mode, choice === "approve");
+        body.decision = decision.approved ? "approve" : "reject";
+        for (const key of ["arguments", "reason", "digest"]) {
+          if (key in decision) body[key] = decision[key];
+        }
+      } catch (problem) {
+        error.textContent = problem.message;
+        return;
+      }
+    } else if (choice === "approve" || choice === "reject") body.decision = choice;
     else if (structured) body.input = formValue(fields, schema);
     else if (form.input && form.input.value.trim()) {
       try {

@@ -119,14 +119,25 @@ function panelActions(panel, page, control) {
           location.assign(again.url);
         });
         break;
+      case "edit":
+        control.openResume(row, "edit");
+        break;
       case "approve":
-      case "reject":
+      case "reject": {
+        const bound = panel.querySelector('.ask [data-field="action"]');
+        if (bound && action === "reject") {  // asks for a reason, then a confirmation
+          control.openResume(row, "reject");
+          break;
+        }
         await run(async () => {
           page.apply((await send("POST", `/api/runs/${runId}/resume/`, {
-            ticket: row.dataset.ticket, input: { approved: action === "approve" } })).data);
+            ticket: row.dataset.ticket, input: bound
+              ? { approved: true, digest: bound.dataset.digest }
+              : { approved: action === "approve" } })).data);
           toast(action === "approve" ? "Approved: the run goes on." : "Rejected.");
         });
         break;
+      }
       case "answer":
         control.openResume(row);
         break;

@@ -173,7 +173,7 @@ def make_review_link(site: Site, runs: dict) -> None:
 
 def open_resume_dialog(tab) -> None:
     tab.click('#panel [data-action="resume"]')
-    tab.wait_for_selector("#resume-dialog[open]")
+    tab.wait_for_selector('#resume-dialog[open] [data-field="resume-action"]:not([hidden])')
 
 
 PAGES = [
@@ -260,7 +260,7 @@ class Command(BaseCommand):
             start("demo.fail", {"steps": 1}): "failed",
             stopped: "stopped",
             cancelled: "cancelled",
-            start("demo.approval", {"steps_before": 1, "step_seconds": 0.1}): "awaiting",
+            start("demo.email", {"steps_before": 1, "step_seconds": 0.1}): "awaiting",
             start("demo.steps", {"steps": 5}, start_after=later): "queued",
             start("demo.steps", {"steps": 600, "step_seconds": 1}): "running",
         }
