@@ -10,7 +10,7 @@ import pytest
 
 from harness.processes import wait_until
 from runs import domain
-from runs.models import Event, EventKind, Run, RunState
+from runs.models import Activity, Event, EventKind, Run, RunState
 from tests.conftest import client_for, make_user
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -261,6 +261,41 @@ def test_a_killed_workers_run_is_requeued_and_completed_elsewhere(worker, spare_
     assert run.attempts.get(generation=2).owner.startswith(worker.node + ":")
     kinds = list(Event.objects.filter(run_id=run_id).values_list("kind", flat=True))
     assert "requeued" in kinds
+    assert_one_clean_end(run_id)
+
+
+def test_an_approved_call_whose_worker_dies_before_its_step_is_not_asked_again(
+        worker, spare_worker, settings):
+    """SPEC §7.11, §7.15: the worker that took the decision is killed while it sends; the
+    next attempt, elsewhere, gets the same decision and sends without a new ticket."""
+    from runs.domain import outside
+    from tests.test_review_links import KeptQueued
+
+    settings.AWAKEN_LEASE_SECONDS = 1.5
+    doomed = spare_worker(lease_seconds=1.5, private=True)
+    run_id = start_on(doomed, "demo.email", {"steps_before": 0, "send_seconds": 6})
+    run = wait_state(run_id, RunState.AWAITING)
+    real = outside.workers
+    outside.connect(workers=KeptQueued(real))  # the resumed attempt goes to the doomed one
+    try:
+        domain.run_resume(run_id=run_id, ticket_id=run.ticket_id, input={
+            "approved": True, "arguments": {"to": "boss@example.com", "body": "Done."}},
+            actor="olga", source="api")
+    finally:
+        outside.connect(workers=real)
+    doomed.take(run_id)
+    wait_until(lambda: Activity.objects.filter(run_id=run_id, text="sending the email",
+                                               generation=2).exists(),
+               what="the doomed worker to send")
+    doomed.kill()
+    sweep_until(lambda: run_of(run_id).generation == 3, 8, "a third attempt")
+    run = wait_state(run_id, RunState.ENDED, timeout=20)
+    assert run.end_cause == "completed", run.error
+    assert run.output["sent"] == [{"to": "boss@example.com", "body": "Done."}]
+    assert Event.objects.filter(run_id=run_id, kind=EventKind.PAUSED).count() == 1
+    assert run.tickets.count() == 1  # not asked again
+    # The doomed attempt died before its step committed: the decision outlived it.
+    assert not Event.objects.filter(run_id=run_id, kind=EventKind.STEP, generation=2).exists()
     assert_one_clean_end(run_id)
 
 

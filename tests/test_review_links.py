@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from runs import domain
 from runs.domain import outside, review
-from runs.domain.errors import LinkUsed, NotAwaiting
+from runs.domain.errors import LinkStale, LinkUsed, NotAwaiting
 from runs.models import Event, ReviewLink, Run, TicketState
 from tests.conftest import db_state
 from tests.factories import awaiting_run, queued_run, running_run
@@ -319,7 +319,7 @@ def test_two_answers_at_once_resume_once(gang, operator, runs_kept_here):
         assert runs_kept_here.queued.count(run.id) == 1  # resumed, so queued, once
         for loser in results:
             if not isinstance(loser, Run):
-                assert isinstance(loser, (LinkUsed, NotAwaiting)), loser
+                assert isinstance(loser, (LinkUsed, LinkStale, NotAwaiting)), loser
         assert Event.objects.filter(run_id=run.id, kind="resumed").count() == 1
         link = ReviewLink.objects.get(token_hash=review.token_hash(token))
         resumed = Event.objects.get(run_id=run.id, kind="resumed")

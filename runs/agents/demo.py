@@ -119,7 +119,8 @@ class Approval(Agent):
 class Email(Agent):
     """Asks a person to approve one ``send_email(to, body)`` call, then sends it (or not).
 
-    Input: ``to``, ``body``, ``steps_before`` (1), ``step_seconds`` (0.1). The approval
+    Input: ``to``, ``body``, ``steps_before`` (1), ``step_seconds`` (0.1), ``send_seconds``
+    (0: how long sending takes, within the step after the decision). The approval
     ticket is bound to that call; approved (or edited), the email "sent" is the decided
     one; refused, nothing is sent and the run completes saying why.
     """
@@ -137,6 +138,7 @@ class Email(Agent):
             async with ctx.step():  # the decision holds until this step commits
                 if decision.approved:
                     ctx.log("sending the email", to=decision.arguments.get("to"))
+                    await ctx.sleep(float(ctx.input.get("send_seconds", 0)))
                     await ctx.tool(send_email, **decision.arguments)
                 ctx.state["outcome"] = {
                     "sent": [decision.arguments] if decision.approved else [],
