@@ -104,6 +104,9 @@ def test_the_review_page_shows_what_will_run_and_decides_it(page, browser, embed
     if size is DESKTOP:
         review.click('button[value="reject"]')
         review.wait_for_selector('[data-field="action-reason"]:not([hidden])')
+        review.click('[data-review="back"]')  # changed their mind: the call as shown again
+        review.wait_for_selector('[data-field="action-reason"]', state="hidden")
+        review.click('button[value="reject"]')
         review.fill('textarea[name="reject_reason"]', "Wrong list.")
         shot(review, f"review-approval-reject-{tag}")
         review.click('button[value="reject"]:has-text("Confirm rejection")')

@@ -37,7 +37,11 @@ if (form) {
     approve.hidden = mode === "reject";
     approve.textContent = mode === "edit" ? "Approve edited" : "Approve";
     reject.textContent = mode === "reject" ? "Confirm rejection" : "Reject…";
+    back.hidden = mode === "review";
+    error.textContent = "";
   };
+  const back = form.querySelector('[data-review="back"]');
+  back?.addEventListener("click", () => setMode("review"));
   if (action) actionEditor(actionBox, action);
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
