@@ -221,9 +221,11 @@ CONTENT_SECURITY_POLICY = {
 
 # --- Throttling of logins and API keys --------------------------------------------------
 
-# After this many failed logins or key checks, each less than the lockout period after the
-# one before, from one address or for one username (key prefix), further tries are refused
-# with 429 until the lockout period has passed since the last failure.
+# After this many failed logins (for one username from one address) or checks of unknown
+# keys (from one address), each less than the lockout period after the one before, further
+# tries of that pair or address are refused with 429 until the lockout period has passed
+# since the last failure. The lock falls on what failed: a right key is never refused, and
+# a username locked from one address still logs in from another.
 AWAKEN_AUTH_FAILURES = envnumber("AWAKEN_AUTH_FAILURES", "10", minimum=1)
 AWAKEN_AUTH_LOCKOUT_SECONDS = envnumber("AWAKEN_AUTH_LOCKOUT_SECONDS", "900", kind=float,
                                         minimum=1)
@@ -231,7 +233,8 @@ AWAKEN_AUTH_LOCKOUT_SECONDS = envnumber("AWAKEN_AUTH_LOCKOUT_SECONDS", "900", ki
 AXES_FAILURE_LIMIT = "runs.pages.logins.failure_limit"
 AXES_COOLOFF_TIME = "runs.pages.logins.lockout_period"
 AXES_LOCKOUT_CALLABLE = "runs.pages.logins.locked_out"
-AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
+# The (username, address) pair: failures from one address never lock the username elsewhere.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 # A refused try is not counted: it neither extends the lockout nor writes anything.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_DISABLE_ACCESS_LOG = True
