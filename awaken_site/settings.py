@@ -400,8 +400,11 @@ LOGGING = {
     },
 }
 
-# Live attempts one worker process holds at most, and its database threads.
+# Live attempts one worker process holds at most (children started in-process included),
+# and its database threads.
 AWAKEN_WORKER_CAPACITY = envnumber("AWAKEN_WORKER_CAPACITY", "2000", minimum=1)
+# Child runs one run may have, whoever creates them (its agent, or the API's parent_id).
+AWAKEN_MAX_CHILDREN = envnumber("AWAKEN_MAX_CHILDREN", "100", minimum=0)
 AWAKEN_DB_THREADS = envnumber("AWAKEN_DB_THREADS", "8", minimum=1)
 # Runs queued together (a batch, a sweep) go to the workers this many to a message, and
 # a worker claims a message's runs in one transaction. Measured on 2 cores with batches of
@@ -422,6 +425,9 @@ AWAKEN_BROKER_TIMEOUT = envnumber("AWAKEN_BROKER_TIMEOUT", "0.5", kind=float, mi
 # Modules imported at start-up for the agents they register, besides the built-in demo
 # agents and those of installed packages' ``awaken.agents`` entry points.
 AWAKEN_AGENTS = envlist("AWAKEN_AGENTS", "")
+# The shipped demo agents (demo.hang, demo.parent...) are registered only when this is set:
+# `make run`, the harness and the tests set it; production processes leave it out.
+AWAKEN_DEMO_AGENTS = envbool("AWAKEN_DEMO_AGENTS", "0")
 
 
 def _provider_url() -> str:

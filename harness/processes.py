@@ -85,7 +85,7 @@ def environment(extra: dict | None = None) -> dict:
     """
     # The channels of this process, whatever the database's name: pytest renames it for the
     # test database after the settings have derived the prefix from it.
-    env = {**os.environ, "DATABASE_URL": database_url(),
+    env = {"AWAKEN_DEMO_AGENTS": "1", **os.environ, "DATABASE_URL": database_url(),
            "AWAKEN_CHANNEL_PREFIX": settings.AWAKEN_CHANNEL_PREFIX}
     for key, value in (extra or {}).items():
         if value is None:
@@ -413,7 +413,7 @@ class EmbeddedSite(Site):
         self.env = {key: value for key, value in os.environ.items()
                     if key not in UNCONFIGURED}
         self.env.update(AWAKEN_VAR_DIR=str(self.var), SECRET_KEY="embedded-test", DEBUG="0",
-                        **WEB_ENV, **(extra_env or {}))
+                        AWAKEN_DEMO_AGENTS="1", **WEB_ENV, **(extra_env or {}))
         self.manage("migrate", "--no-input")
         self.manage("collectstatic", "--no-input")  # as make run does
         self.admin_password: str | None = None
