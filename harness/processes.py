@@ -382,7 +382,8 @@ class Web(Site):
     def __init__(self, *, name: str = "web", port: int | None = None,
                  extra_env: dict | None = None, log_dir: Path | None = None):
         port = port or free_port()
-        super().__init__([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+        super().__init__([sys.executable, "-m", "daphne", "-v", "0", "-b", "127.0.0.1",
+                          "-p", str(port),
                           "awaken_site.asgi:application"], port=port, name=name,
                          env=environment({**WEB_ENV, **(extra_env or {})}), log_dir=log_dir)
 

@@ -499,3 +499,32 @@ def test_a_runs_children_are_capped_by_a_setting(settings, op_client):
     assert response.json()["code"] == "invalid"
     assert "AWAKEN_MAX_CHILDREN" in response.json()["detail"]
     assert Run.objects.filter(parent=parent).count() == 2
+
+
+# --- log records cannot forge lines or act on a terminal ----------------------------------------
+
+
+def test_log_records_escape_control_characters_and_redact_review_tokens():
+    import logging
+    import sys
+
+    from awaken_site.logs import SafeFormatter
+
+    (handler,) = [h for h in logging.getLogger().handlers
+                  if isinstance(h.formatter, SafeFormatter)]  # the settings' console handler
+    forged = "boom\n2026-01-01 00:00:00 INFO runs all is well\x1b[2J\u202e"
+    record = logging.LogRecord("runs", logging.ERROR, __file__, 1, "run failed: %s",
+                               (forged,), None)
+    line = handler.format(record)
+    assert "\n" not in line and "\x1b" not in line and "\u202e" not in line
+    assert line.endswith("run failed: boom\\n2026-01-01 00:00:00 INFO runs all is well"
+                         "\\x1b[2J\\u202e")
+    try:
+        raise RuntimeError(forged)
+    except RuntimeError:
+        record = logging.LogRecord("django.request", logging.WARNING, __file__, 1,
+                                   "Gone: %s", ("/review/s3cret-t0ken/",), sys.exc_info())
+    text = handler.format(record)
+    assert "s3cret-t0ken" not in text and "Gone: /review/…/" in text
+    assert all(line.startswith("  ") for line in text.splitlines()[1:])  # never a record's
+    assert "\x1b" not in text

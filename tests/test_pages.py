@@ -1,9 +1,9 @@
 """The HTML pages: who sees what, and the partials the live page swaps in."""
 
-import threading
 import re
 import subprocess
 import sys
+import threading
 from html.parser import HTMLParser
 
 import pytest

@@ -6,6 +6,8 @@ more. Ids are shown by their first eight characters (a UUID's first group), in r
 pages and the page's toasts alike.
 """
 
+import re
+
 ELLIPSIS = "…"
 SHORT_ID = 8  # characters
 
@@ -27,3 +29,13 @@ def first_line(text: str | None) -> str:
     """The first line of a text (an error, for a row whose whole text is in its title)."""
     text = (text or "").strip()
     return text.splitlines()[0] if text else ""
+
+
+# Characters that change how a terminal or a page shows the text around them: C0 and C1
+# controls (newlines, escape sequences) and the bidirectional overrides and isolates.
+CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def plain_name(name: str) -> str:
+    """A name (an actor's) without control or bidi characters, trimmed."""
+    return CONTROLS.sub("", name).strip()
