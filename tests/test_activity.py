@@ -65,6 +65,23 @@ def test_a_run_keeps_at_most_cap_entries_and_says_so_once(pushes, monkeypatch):
     assert kinds == ["log", "log", "log", ActivityKind.TRUNCATED]
 
 
+def test_at_the_cap_the_failure_and_the_control_entries_are_still_kept(pushes, monkeypatch):
+    monkeypatch.setattr(activity, "CAP", 3)
+    run = queued_run()
+    activity.control_taken(run_id=run.id, generation=1, command="pause", actor="olga",
+                           source="api")
+    activity.activity_record(run_id=run.id, generation=1,
+                             entries=[{"kind": "log"} for _ in range(5)])
+    activity.control_taken(run_id=run.id, generation=1, command="pause", actor="olga",
+                           source="api")
+    activity.activity_record(run_id=run.id, generation=1, entries=[
+        {"kind": "log"}, {"kind": "error", "text": "RuntimeError: boom",
+                          "data": {"traceback": "Traceback..."}}])
+    kinds = list(Activity.objects.filter(run=run).order_by("seq").values_list("kind", flat=True))
+    assert kinds == ["control", "log", "log", "log", ActivityKind.TRUNCATED, "control", "error"]
+    assert activity.activity_facts(run_id=run.id)["failure"].text == "RuntimeError: boom"
+
+
 def test_large_data_and_text_are_cut_down(pushes):
     run = queued_run()
     activity.activity_record(run_id=run.id, generation=1, entries=[
