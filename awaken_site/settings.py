@@ -120,11 +120,24 @@ TEMPLATES = [
 ]
 
 
+def _private_var_dir() -> Path:
+    """``var/``, readable by this user alone, and its SQLite file with its ``-wal`` and
+    ``-shm`` companions (SQLite gives those the database file's mode) 0600: the file holds
+    live session keys. Made so before SQLite first opens the file."""
+    VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    VAR_DIR.chmod(0o700)
+    database = VAR_DIR / "awaken.sqlite3"
+    database.touch(mode=0o600, exist_ok=True)
+    for path in (database, VAR_DIR / "awaken.sqlite3-wal", VAR_DIR / "awaken.sqlite3-shm"):
+        if path.exists():
+            path.chmod(0o600)
+    return database
+
+
 def _database() -> dict:
     url = os.getenv("DATABASE_URL", "")
     if not url:
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        url = f"sqlite:///{VAR_DIR / 'awaken.sqlite3'}"
+        url = f"sqlite:///{_private_var_dir()}"
     config = dj_database_url.parse(url)
     if config["ENGINE"] == "django.db.backends.sqlite3":
         config["OPTIONS"] = {

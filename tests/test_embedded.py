@@ -1,6 +1,8 @@
 """The embedded default of ``make run``: one process serving web, worker and sweeper on
 SQLite, the in-memory broker and the in-memory channel layer. Started as a user would."""
 
+import os
+import stat
 from urllib.parse import urlsplit
 
 from harness.processes import wait_until
@@ -86,3 +88,11 @@ def test_the_procfiles_web_leaves_daphnes_own_access_log_off():
     web = next(line for line in (ROOT / "Procfile").read_text().splitlines()
                if line.startswith("web:"))
     assert " daphne -v 0 " in web  # daphne writes paths whole; awaken_site.logs redacts
+
+
+def test_var_and_the_sqlite_files_are_private(embedded_site):
+    embedded_site.call("POST", "/api/runs/", {"agent": "demo.steps", "input": {"steps": 1}})
+    assert stat.S_IMODE(os.stat(embedded_site.var).st_mode) == 0o700
+    files = ["awaken.sqlite3", "awaken.sqlite3-wal", "awaken.sqlite3-shm"]
+    for name in files:  # WAL mode: the companions exist while the site runs
+        assert stat.S_IMODE(os.stat(embedded_site.var / name).st_mode) == 0o600, name
