@@ -123,9 +123,11 @@ TEMPLATES = [
 def _private_var_dir() -> Path:
     """``var/``, readable by this user alone, and its SQLite file with its ``-wal`` and
     ``-shm`` companions (SQLite gives those the database file's mode) 0600: the file holds
-    live session keys. Made so before SQLite first opens the file."""
-    VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
-    VAR_DIR.chmod(0o700)
+    live session keys. Made so before SQLite first opens the file. A directory named by
+    AWAKEN_VAR_DIR that exists already keeps its mode (it may be shared, such as /tmp)."""
+    if not VAR_DIR.exists() or VAR_DIR == BASE_DIR / "var":
+        VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        VAR_DIR.chmod(0o700)
     database = VAR_DIR / "awaken.sqlite3"
     database.touch(mode=0o600, exist_ok=True)
     for path in (database, VAR_DIR / "awaken.sqlite3-wal", VAR_DIR / "awaken.sqlite3-shm"):
@@ -210,7 +212,8 @@ CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "0")
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]  # probes speak plain HTTP
 SECURE_HSTS_SECONDS = envnumber("SECURE_HSTS_SECONDS", "0", minimum=0)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
+# Subdomains only when asked: they may be served by others, some without TLS.
+SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", "0")
 SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", "0")
 if envbool("BEHIND_TLS_PROXY", "0"):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
