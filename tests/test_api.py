@@ -592,3 +592,12 @@ def test_numeric_query_parameters_take_plain_ascii_digits_only(op_client):
     browser = browser_for(User.objects.get(username="olga"))
     assert browser.get(f"/runs/{run.id}/activity/?after=²").status_code == 400
     assert browser.get(f"/runs/{run.id}/activity/?after=0").status_code == 200
+
+
+def test_a_404_quotes_no_more_of_the_id_than_an_id_takes(op_client):
+    long_id = "x" * 10000
+    for path in (f"/api/runs/{long_id}/", f"/api/runs/{long_id}/cancel/"):
+        response = (op_client.get(path) if path.endswith("s/" + long_id + "/")
+                    else op_client.post(path, {}, format="json"))
+        assert response.status_code == 404
+        assert len(response.content) < 300, response.content[:300]

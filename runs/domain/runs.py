@@ -33,7 +33,7 @@ from runs.domain.errors import (
 )
 from runs.domain.schemas import check_input
 from runs.domain.selectors import run_get, ticket_get
-from runs.domain.text import short_id
+from runs.domain.text import quoted_id, short_id
 from runs.models import (
     AppliedVia,
     ControlAction,
@@ -169,7 +169,8 @@ def _new_run(*, agent: str, input: dict | None = None, thread_id: str | None = N
     if parent_id is not None:
         parent = parents.get(str(parent_id))
         if parent is None:
-            raise InvalidRequest(f"No parent run with id {parent_id}.", field="parent_id")
+            raise InvalidRequest(f"No parent run with id {quoted_id(parent_id)}.",
+                                 field="parent_id")
         if parent.child_count >= settings.AWAKEN_MAX_CHILDREN:
             raise InvalidRequest(
                 f"Run {parent_id} has {parent.child_count} child runs already, the most "

@@ -25,6 +25,15 @@ def short_id(value) -> str:
     return str(value)[:SHORT_ID]
 
 
+ID_SHOWN = 40  # characters of an id quoted back in an error: a UUID's 36 fit
+
+
+def quoted_id(value) -> str:
+    """An id a request named, as an error quotes it back: cut to ``ID_SHOWN`` characters
+    and on one line, whatever the client sent."""
+    return clipped(CONTROLS.sub("", str(value)), ID_SHOWN)
+
+
 def first_line(text: str | None) -> str:
     """The first line of a text (an error, for a row whose whole text is in its title)."""
     text = (text or "").strip()
