@@ -375,6 +375,11 @@ WEB_ENV = {"PYTHONMALLOC": "malloc",
                              ":glibc.malloc.trim_threshold=131072"}
 
 
+# The daphne options of the Procfile's web line (tests/test_embedded.py holds them equal).
+DAPHNE_OPTIONS = ["-v", "0", "--http-timeout", "60", "--websocket_connect_timeout", "5",
+                  "--ping-interval", "20", "--ping-timeout", "30"]
+
+
 class Web(Site):
     """daphne serving the ASGI application (HTTP and sockets) on ``port``, a free one by
     default; ``restart()`` serves on the same port again."""
@@ -382,8 +387,8 @@ class Web(Site):
     def __init__(self, *, name: str = "web", port: int | None = None,
                  extra_env: dict | None = None, log_dir: Path | None = None):
         port = port or free_port()
-        super().__init__([sys.executable, "-m", "daphne", "-v", "0", "-b", "127.0.0.1",
-                          "-p", str(port),
+        super().__init__([sys.executable, "-m", "daphne", *DAPHNE_OPTIONS, "-b",
+                          "127.0.0.1", "-p", str(port),
                           "awaken_site.asgi:application"], port=port, name=name,
                          env=environment({**WEB_ENV, **(extra_env or {})}), log_dir=log_dir)
 

@@ -82,12 +82,19 @@ def test_no_log_line_holds_a_review_token(embedded_site):
     assert '"GET /review/…/" 200' in embedded_site.log()
 
 
-def test_the_procfiles_web_leaves_daphnes_own_access_log_off():
+def test_the_procfiles_web_sets_daphnes_timeouts_and_leaves_its_access_log_off():
     from harness.processes import ROOT
 
     web = next(line for line in (ROOT / "Procfile").read_text().splitlines()
                if line.startswith("web:"))
     assert " daphne -v 0 " in web  # daphne writes paths whole; awaken_site.logs redacts
+    from harness.processes import DAPHNE_OPTIONS
+    from runs.sockets.daphne import TIMEOUTS
+
+    assert f" daphne {' '.join(DAPHNE_OPTIONS)} -b " in web  # the harness starts it alike
+    for option, value in TIMEOUTS.items():  # and so does the embedded server
+        flag = "--" + (option if "connect" in option else option.replace("_", "-"))
+        assert f" {flag} {value} " in web, option
 
 
 def test_var_and_the_sqlite_files_are_private(embedded_site):
