@@ -463,3 +463,26 @@ def test_a_socket_is_closed_once_its_pass_no_longer_holds(viewer, settings, how,
         await communicator.disconnect()
 
     run_async(body)
+
+
+def test_a_flood_of_resumes_costs_one_replay(viewer):
+    for _ in range(3):
+        queued_run()
+    first, *_ = Event.objects.order_by("seq").values_list("seq", flat=True)
+    headers = [token_header(viewer)]
+
+    async def body():
+        communicator, _, _ = await connect("/ws/runs/", headers)
+        await communicator.receive_json_from(timeout=5)  # the snapshot
+        for _ in range(100):  # a flood: each would replay the three events again
+            await communicator.send_json_to({"type": "resume", "after": first - 1})
+        replayed = [await communicator.receive_json_from(timeout=5) for _ in range(3)]
+        # An earlier after replays again; a later one is covered already.
+        await communicator.send_json_to({"type": "resume", "after": first})
+        await communicator.send_json_to({"type": "resume", "after": 0})
+        replayed += [await communicator.receive_json_from(timeout=5) for _ in range(3)]
+        assert await communicator.receive_nothing(timeout=0.5)
+        assert [m["seq"] for m in replayed] == [first, first + 1, first + 2] * 2
+        await communicator.disconnect()
+
+    run_async(body)

@@ -3,7 +3,10 @@
 Thin consumers: authenticate and authorize before accepting, follow the change stream, send
 a snapshot, then forward each committed change. They write nothing. A client may ask to
 ``resume`` after the last ``seq`` it saw; the server replays committed events from the
-events table. Anything else a client sends is answered with an error, and the socket stays
+events table. One replay is in flight per socket (a consumer handles its messages one at a
+time), and resumes are coalesced: one from no earlier than a replay already made on the
+socket sends nothing again, since the socket has been live since then and has had all of
+it. A flood of resumes costs one replay, not one each. Anything else a client sends is answered with an error, and the socket stays
 open. Everything a socket sends goes through its outbox, which bounds what a client that does
 not read can hold; however a socket ends, it leaves the change stream and
 the socket rechecks.
@@ -61,6 +64,7 @@ class RunsConsumer(AsyncWebsocketConsumer):
     # change once and puts it in the outbox of every local socket that follows it.
     channel_layer_alias = None
     outbox = None
+    replayed_after: int | None = None  # the earliest replay made on this socket
 
     async def __call__(self, scope, receive, send):
         try:
@@ -120,6 +124,9 @@ class RunsConsumer(AsyncWebsocketConsumer):
         except InvalidCommand as problem:
             self.outbox.put(error_text(str(problem)))
             return
+        if self.replayed_after is not None and after >= self.replayed_after:
+            return  # covered by a replay made already
+        self.replayed_after = after
         replay = await database_sync_to_async(selectors.replay)(after=after, run_id=self.run_id)
         for text in replay:
             if self.outbox is None:
