@@ -6,10 +6,10 @@ a snapshot, then forward each committed change. They write nothing. A client may
 events table. One replay is in flight per socket (a consumer handles its messages one at a
 time), and resumes are coalesced: one from no earlier than a replay already made on the
 socket sends nothing again, since the socket has been live since then and has had all of
-it. A flood of resumes costs one replay, not one each. Anything else a client sends is answered with an error, and the socket stays
-open. Everything a socket sends goes through its outbox, which bounds what a client that does
-not read can hold; however a socket ends, it leaves the change stream and
-the socket rechecks.
+it. A flood of resumes costs one replay, not one each. Anything else a client sends is
+answered with an error, and the socket stays open. Everything a socket sends goes through
+its outbox, which bounds what a client that does not read can hold; however a socket ends,
+it leaves the change stream and the socket rechecks.
 """
 
 import json
