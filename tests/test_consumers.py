@@ -477,12 +477,14 @@ def test_a_flood_of_resumes_costs_one_replay(viewer):
         for _ in range(100):  # a flood: each would replay the three events again
             await communicator.send_json_to({"type": "resume", "after": first - 1})
         replayed = [await communicator.receive_json_from(timeout=5) for _ in range(3)]
-        # An earlier after replays again; a later one is covered already.
-        await communicator.send_json_to({"type": "resume", "after": first})
-        await communicator.send_json_to({"type": "resume", "after": 0})
-        replayed += [await communicator.receive_json_from(timeout=5) for _ in range(3)]
-        assert await communicator.receive_nothing(timeout=0.5)
-        assert [m["seq"] for m in replayed] == [first, first + 1, first + 2] * 2
+        await communicator.send_json_to({"type": "resume", "after": 0})  # earlier: replayed
+        while not await communicator.receive_nothing(timeout=0.5):
+            replayed.append(await communicator.receive_json_from(timeout=5))
+        # The flood's first replay (one more if it took over RESUME_COALESCE_SECONDS), and
+        # the earlier one's: a handful, where each resume alone would have made 303.
+        assert 6 <= len(replayed) <= 12 and len(replayed) % 3 == 0, len(replayed)
+        assert [m["seq"] for m in replayed] == [first, first + 1, first + 2] * (
+            len(replayed) // 3)
         await communicator.disconnect()
 
     run_async(body)
