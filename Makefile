@@ -28,7 +28,7 @@ WEB_MEMORY = PYTHONMALLOC=malloc GLIBC_TUNABLES=glibc.malloc.mmap_threshold=2621
 run: $(STAMP) var/secret_key
 	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py migrate --no-input
 	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py collectstatic --no-input -v 0
-	SECRET_KEY=$$(cat var/secret_key) $(WEB_MEMORY) $(BIN)/python manage.py serve --port $(PORT)
+	AWAKEN_DEMO_AGENTS=1 SECRET_KEY=$$(cat var/secret_key) $(WEB_MEMORY) $(BIN)/python manage.py serve --port $(PORT)
 
 ## Lint once, then run the test suite on SQLite (the in-memory layer and broker). With
 ## DATABASE_URL=postgres://... set (and REDIS_URL=redis://... for the tests of real workers and

@@ -6,7 +6,8 @@ handler would hop between the event loop and a thread at each synchronous middle
 cost a GET of one run 14 ms of CPU in process against 10 this way (the same as before any
 of this was public API). ``KeptRequestThreads`` gives each request a thread kept from one
 request to the next, ``closing`` gives Django its end of each request (``WsgiToAsgi``
-never closes a response), and ``BodySizeLimit`` refuses large bodies before anything reads them.
+never closes a response), ``BodySizeLimit`` refuses large bodies before anything reads them,
+and ``AccessLog`` writes the access log, review tokens redacted.
 """
 
 import os
@@ -23,12 +24,13 @@ django_app = WsgiToAsgi(closing(get_wsgi_application()))
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from awaken_site.body_limit import BodySizeLimit  # noqa: E402
+from awaken_site.logs import AccessLog  # noqa: E402
 from awaken_site.request_threads import KeptRequestThreads  # noqa: E402
 from runs.sockets import routing  # noqa: E402
 from runs.sockets.auth import SocketAuth  # noqa: E402
 from runs.sockets.daphne import DaphneBackPressure  # noqa: E402
 
 application = ProtocolTypeRouter({
-    "http": BodySizeLimit(KeptRequestThreads(django_app)),
+    "http": AccessLog(BodySizeLimit(KeptRequestThreads(django_app))),
     "websocket": DaphneBackPressure(SocketAuth(URLRouter(routing.websocket_urlpatterns))),
 })

@@ -120,11 +120,26 @@ TEMPLATES = [
 ]
 
 
+def _private_var_dir() -> Path:
+    """``var/``, readable by this user alone, and its SQLite file with its ``-wal`` and
+    ``-shm`` companions (SQLite gives those the database file's mode) 0600: the file holds
+    live session keys. Made so before SQLite first opens the file. A directory named by
+    AWAKEN_VAR_DIR that exists already keeps its mode (it may be shared, such as /tmp)."""
+    if not VAR_DIR.exists() or VAR_DIR == BASE_DIR / "var":
+        VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        VAR_DIR.chmod(0o700)
+    database = VAR_DIR / "awaken.sqlite3"
+    database.touch(mode=0o600, exist_ok=True)
+    for path in (database, VAR_DIR / "awaken.sqlite3-wal", VAR_DIR / "awaken.sqlite3-shm"):
+        if path.exists():
+            path.chmod(0o600)
+    return database
+
+
 def _database() -> dict:
     url = os.getenv("DATABASE_URL", "")
     if not url:
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        url = f"sqlite:///{VAR_DIR / 'awaken.sqlite3'}"
+        url = f"sqlite:///{_private_var_dir()}"
     config = dj_database_url.parse(url)
     if config["ENGINE"] == "django.db.backends.sqlite3":
         config["OPTIONS"] = {
@@ -197,7 +212,8 @@ CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "0")
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]  # probes speak plain HTTP
 SECURE_HSTS_SECONDS = envnumber("SECURE_HSTS_SECONDS", "0", minimum=0)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
+# Subdomains only when asked: they may be served by others, some without TLS.
+SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", "0")
 SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", "0")
 if envbool("BEHIND_TLS_PROXY", "0"):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
@@ -221,9 +237,11 @@ CONTENT_SECURITY_POLICY = {
 
 # --- Throttling of logins and API keys --------------------------------------------------
 
-# After this many failed logins or key checks, each less than the lockout period after the
-# one before, from one address or for one username (key prefix), further tries are refused
-# with 429 until the lockout period has passed since the last failure.
+# After this many failed logins (for one username from one address) or checks of unknown
+# keys (from one address), each less than the lockout period after the one before, further
+# tries of that pair or address are refused with 429 until the lockout period has passed
+# since the last failure. The lock falls on what failed: a right key is never refused, and
+# a username locked from one address still logs in from another.
 AWAKEN_AUTH_FAILURES = envnumber("AWAKEN_AUTH_FAILURES", "10", minimum=1)
 AWAKEN_AUTH_LOCKOUT_SECONDS = envnumber("AWAKEN_AUTH_LOCKOUT_SECONDS", "900", kind=float,
                                         minimum=1)
@@ -231,7 +249,8 @@ AWAKEN_AUTH_LOCKOUT_SECONDS = envnumber("AWAKEN_AUTH_LOCKOUT_SECONDS", "900", ki
 AXES_FAILURE_LIMIT = "runs.pages.logins.failure_limit"
 AXES_COOLOFF_TIME = "runs.pages.logins.lockout_period"
 AXES_LOCKOUT_CALLABLE = "runs.pages.logins.locked_out"
-AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
+# The (username, address) pair: failures from one address never lock the username elsewhere.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 # A refused try is not counted: it neither extends the lockout nor writes anything.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_DISABLE_ACCESS_LOG = True
@@ -384,7 +403,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    # Control characters escaped, review tokens redacted (awaken_site.logs).
+    "formatters": {"plain": {"()": "awaken_site.logs.SafeFormatter",
+                             "format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.getenv("LOG_LEVEL", "INFO")},
     "loggers": {
@@ -397,8 +418,11 @@ LOGGING = {
     },
 }
 
-# Live attempts one worker process holds at most, and its database threads.
+# Live attempts one worker process holds at most (children started in-process included),
+# and its database threads.
 AWAKEN_WORKER_CAPACITY = envnumber("AWAKEN_WORKER_CAPACITY", "2000", minimum=1)
+# Child runs one run may have, whoever creates them (its agent, or the API's parent_id).
+AWAKEN_MAX_CHILDREN = envnumber("AWAKEN_MAX_CHILDREN", "100", minimum=0)
 AWAKEN_DB_THREADS = envnumber("AWAKEN_DB_THREADS", "8", minimum=1)
 # Runs queued together (a batch, a sweep) go to the workers this many to a message, and
 # a worker claims a message's runs in one transaction. Measured on 2 cores with batches of
@@ -419,6 +443,9 @@ AWAKEN_BROKER_TIMEOUT = envnumber("AWAKEN_BROKER_TIMEOUT", "0.5", kind=float, mi
 # Modules imported at start-up for the agents they register, besides the built-in demo
 # agents and those of installed packages' ``awaken.agents`` entry points.
 AWAKEN_AGENTS = envlist("AWAKEN_AGENTS", "")
+# The shipped demo agents (demo.hang, demo.parent...) are registered only when this is set:
+# `make run`, the harness and the tests set it; production processes leave it out.
+AWAKEN_DEMO_AGENTS = envbool("AWAKEN_DEMO_AGENTS", "0")
 
 
 def _provider_url() -> str:

@@ -85,7 +85,7 @@ def environment(extra: dict | None = None) -> dict:
     """
     # The channels of this process, whatever the database's name: pytest renames it for the
     # test database after the settings have derived the prefix from it.
-    env = {**os.environ, "DATABASE_URL": database_url(),
+    env = {"AWAKEN_DEMO_AGENTS": "1", **os.environ, "DATABASE_URL": database_url(),
            "AWAKEN_CHANNEL_PREFIX": settings.AWAKEN_CHANNEL_PREFIX}
     for key, value in (extra or {}).items():
         if value is None:
@@ -375,6 +375,11 @@ WEB_ENV = {"PYTHONMALLOC": "malloc",
                              ":glibc.malloc.trim_threshold=131072"}
 
 
+# The daphne options of the Procfile's web line (tests/test_embedded.py holds them equal).
+DAPHNE_OPTIONS = ["-v", "0", "--http-timeout", "60", "--websocket_connect_timeout", "5",
+                  "--ping-interval", "20", "--ping-timeout", "30"]
+
+
 class Web(Site):
     """daphne serving the ASGI application (HTTP and sockets) on ``port``, a free one by
     default; ``restart()`` serves on the same port again."""
@@ -382,7 +387,8 @@ class Web(Site):
     def __init__(self, *, name: str = "web", port: int | None = None,
                  extra_env: dict | None = None, log_dir: Path | None = None):
         port = port or free_port()
-        super().__init__([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+        super().__init__([sys.executable, "-m", "daphne", *DAPHNE_OPTIONS, "-b",
+                          "127.0.0.1", "-p", str(port),
                           "awaken_site.asgi:application"], port=port, name=name,
                          env=environment({**WEB_ENV, **(extra_env or {})}), log_dir=log_dir)
 
@@ -413,7 +419,7 @@ class EmbeddedSite(Site):
         self.env = {key: value for key, value in os.environ.items()
                     if key not in UNCONFIGURED}
         self.env.update(AWAKEN_VAR_DIR=str(self.var), SECRET_KEY="embedded-test", DEBUG="0",
-                        **WEB_ENV, **(extra_env or {}))
+                        AWAKEN_DEMO_AGENTS="1", **WEB_ENV, **(extra_env or {}))
         self.manage("migrate", "--no-input")
         self.manage("collectstatic", "--no-input")  # as make run does
         self.admin_password: str | None = None

@@ -305,8 +305,8 @@ class ApiKeyAdmin(ReadOnlyAdmin):
 
 @admin.register(AuthFailure)
 class AuthFailureAdmin(ReadOnlyAdmin):
-    """Failed key checks counted by the throttle. Deleting a row lifts its lockout (failed
-    logins are under Axes)."""
+    """Failed checks of unknown keys, per address, counted by the throttle. Deleting a row
+    lifts its lockout (failed logins are under Axes)."""
 
     list_display = ["scope", "ident", "failures", "last_failed_at"]
     list_filter = ["scope"]

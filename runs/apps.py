@@ -2,8 +2,9 @@
 
 It plugs the adapters into the domain's two outside interfaces (``runs.domain.outside``)
 and loads the agents into the catalogue, in every process alike (web, worker, beat,
-commands, tests): the built-in demo agents, the modules of ``AWAKEN_AGENTS``, then the
-``awaken.agents`` entry points of the installed packages.
+commands, tests): the built-in demo agents (with ``AWAKEN_DEMO_AGENTS=1`` only), the
+modules of ``AWAKEN_AGENTS``, then the ``awaken.agents`` entry points of the installed
+packages.
 """
 
 from importlib import import_module
@@ -23,12 +24,14 @@ class RunsConfig(AppConfig):
     def ready(self):
         # Imported here, not at the top: these modules use the models, which Django loads
         # only after this module.
-        from runs.agents import demo  # noqa: F401  (registers the demo agents)
+        from runs.agents import demo_agents_enabled
         from runs.changes import publishing
         from runs.domain import outside
         from runs.workers import dispatch
 
         outside.connect(workers=dispatch, changes=publishing)
+        if demo_agents_enabled():
+            import_module("runs.agents.demo")  # registers the demo agents
         load_agents(settings.AWAKEN_AGENTS)
 
 

@@ -645,20 +645,39 @@ class ApiKey(models.Model):
         return f"{self.prefix}… of {self.user}"
 
 
+class RevokedApiKey(models.Model):
+    """A key that worked once and was replaced or revoked, kept as its digest: a check of it
+    is answered "revoked", not counted as a guess (``runs.domain.keys.user_for_api_key``)."""
+
+    digest = models.CharField(max_length=64, help_text="SHA-256 of the key, in hex.")
+    prefix = models.CharField(max_length=8)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="revoked_api_keys")
+    revoked_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "revoked API key"
+        constraints = [
+            models.UniqueConstraint(fields=["digest"], name="runs_revokedapikey_digest_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… of {self.user} (revoked)"
+
+
 class AuthScope(models.TextChoices):
     ADDRESS = "address", "Client address"  # every failed key check from one address
-    KEY_PREFIX = "key_prefix", "Key prefix"  # every failed check of keys that start alike
 
 
 class AuthFailure(models.Model):
-    """Recent failed API-key checks of one client address or one key prefix.
+    """Recent failed API-key checks of one client address: keys that no user has.
 
     A failure more than a lockout period after the one before starts the count again
     (``runs.domain.throttle``).
     """
 
     scope = models.CharField(max_length=16, choices=AuthScope.choices)
-    ident = models.CharField(max_length=64, help_text="The address, or the key prefix.")
+    ident = models.CharField(max_length=64, help_text="The client's address.")
     failures = models.PositiveIntegerField()
     last_failed_at = models.DateTimeField()
 
@@ -667,7 +686,7 @@ class AuthFailure(models.Model):
             models.CheckConstraint(
                 condition=Q(scope__in=AuthScope.values), name="runs_authfailure_scope_valid"
             ),
-            # One count per address or prefix: two checks failing at once add to the same row
+            # One count per address: two checks failing at once add to the same row
             # (throttle.failure_record).
             models.UniqueConstraint(fields=["scope", "ident"],
                                     name="runs_authfailure_one_per_ident"),

@@ -8,6 +8,9 @@ os.environ.setdefault("SECRET_KEY", "tests-only-not-a-secret")
 # no message of an earlier session is ever picked up.
 os.environ.setdefault("AWAKEN_QUEUE", f"awaken-test-{uuid.uuid4().hex[:10]}")
 
+# The demo agents, which the tests run (and which the processes they start inherit).
+os.environ.setdefault("AWAKEN_DEMO_AGENTS", "1")
+
 from awaken_site.settings import *  # noqa: E402,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -9,7 +9,7 @@ from django.test import Client
 
 from runs import domain
 from runs.domain import activity, outside
-from runs.models import Activity, ActivityKind
+from runs.models import Activity, ActivityKind, Run
 from runs.runtime.agent import Context
 from runs.runtime.token import CancellationToken
 from tests.factories import queued_run, running_run
@@ -63,6 +63,23 @@ def test_a_run_keeps_at_most_cap_entries_and_says_so_once(pushes, monkeypatch):
                                  entries=[{"kind": "log", "text": f"{n}"}, {"kind": "log"}])
     kinds = list(Activity.objects.filter(run=run).order_by("seq").values_list("kind", flat=True))
     assert kinds == ["log", "log", "log", ActivityKind.TRUNCATED]
+
+
+def test_at_the_cap_the_failure_and_the_control_entries_are_still_kept(pushes, monkeypatch):
+    monkeypatch.setattr(activity, "CAP", 3)
+    run = queued_run()
+    activity.control_taken(run_id=run.id, generation=1, command="pause", actor="olga",
+                           source="api")
+    activity.activity_record(run_id=run.id, generation=1,
+                             entries=[{"kind": "log"} for _ in range(5)])
+    activity.control_taken(run_id=run.id, generation=1, command="pause", actor="olga",
+                           source="api")
+    activity.activity_record(run_id=run.id, generation=1, entries=[
+        {"kind": "log"}, {"kind": "error", "text": "RuntimeError: boom",
+                          "data": {"traceback": "Traceback..."}}])
+    kinds = list(Activity.objects.filter(run=run).order_by("seq").values_list("kind", flat=True))
+    assert kinds == ["control", "log", "log", "log", ActivityKind.TRUNCATED, "control", "error"]
+    assert activity.activity_facts(run_id=run.id)["failure"].text == "RuntimeError: boom"
 
 
 def test_large_data_and_text_are_cut_down(pushes):
@@ -172,3 +189,21 @@ def test_writers_at_once_each_get_their_own_numbers(gang, pushes):
     assert not [r for r in results if isinstance(r, BaseException)], results
     seqs = sorted(Activity.objects.filter(run=run).values_list("seq", flat=True))
     assert seqs == list(range(1, 41))
+
+
+def test_a_failures_traceback_is_shown_to_staff_only(pushes, viewer,
+                                                    django_capture_on_commit_callbacks):
+    from tests.conftest import browser_for, make_user
+
+    run = queued_run()
+    Run.objects.filter(pk=run.id).update(error="RuntimeError: boom")
+    with django_capture_on_commit_callbacks(execute=True):
+        activity.activity_record(run_id=run.id, generation=1, entries=[{
+            "kind": "error", "text": "RuntimeError: boom",
+            "data": {"traceback": 'File "/srv/awaken/secret_module.py", line 3'}}])
+    (_, entries), = pushes.sent
+    assert entries[0]["text"] == "RuntimeError: boom" and "traceback" not in entries[0]["data"]
+    seen = browser_for(viewer).get(f"/runs/{run.id}/").content.decode()
+    assert "RuntimeError: boom" in seen and "secret_module.py" not in seen
+    staff = browser_for(make_user("sam", "operator", is_staff=True))
+    assert "secret_module.py" in staff.get(f"/runs/{run.id}/").content.decode()

@@ -102,3 +102,18 @@ def test_loading_the_same_module_twice_is_harmless(scratch):
     apps.load_agents(["scratch_again"])
     apps.load_agents("scratch_again,scratch_again")
     assert "scratch.again" in catalogue.names()
+
+
+DEMO_PROBE = ("import json; from runs.domain.catalogue import CATALOGUE; "
+              "print(json.dumps(sorted(n for n in CATALOGUE if n.startswith('demo.'))))")
+
+
+def test_the_demo_agents_are_registered_only_when_asked_for():
+    for flag, registered in (("0", False), ("1", True)):
+        done = subprocess.run([sys.executable, "manage.py", "shell", "-c", DEMO_PROBE],
+                              cwd=ROOT, env={**os.environ, "AWAKEN_DEMO_AGENTS": flag},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        names = json.loads(done.stdout.splitlines()[-1])
+        assert ("demo.hang_tool" in names and "demo.parent" in names) is registered
+        assert bool(names) is registered

@@ -6,6 +6,7 @@ from datetime import timedelta
 import jsonschema
 import pytest
 import yaml
+from django.contrib.auth.models import User
 from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework import serializers
@@ -577,3 +578,34 @@ def test_times_are_written_as_drf_writes_them(runs_of_every_shape):
                       run.start_after):
             if value is not None:
                 assert when(value) == field.to_representation(value)
+
+
+def test_numeric_query_parameters_take_plain_ascii_digits_only(op_client):
+    """int() and float() take "١٢", " 1_0 ", "nan"; str.isdigit() takes "²": each is a 400,
+    never a 500 and never a number."""
+    run = queued_run()
+    for path in (f"/api/runs/{run.id}/events/?after=", "/api/events/?after=",
+                 "/api/events/?limit=", "/api/runs/?limit=", "/api/bulk/?limit=",
+                 "/api/overview/?window="):
+        for bad in ("²", "١٢", "1_0", "+5", " 5", "0x10", "1e3"):
+            response = op_client.get(path + bad)
+            assert response.status_code == 400, (path, bad, response.status_code)
+            assert response.json()["code"] == "invalid"
+        assert op_client.get(path + {"/api/overview/?window=": "600"}.get(path, "5")
+                             ).status_code == 200, path
+    for bad in ("١", "nan", "inf", "1e1", "-0"):
+        response = op_client.post(f"/api/runs/{run.id}/cancel/?wait={bad}", {}, format="json")
+        assert response.status_code == 400, bad
+    assert Run.objects.get(pk=run.id).state == "queued"
+    browser = browser_for(User.objects.get(username="olga"))
+    assert browser.get(f"/runs/{run.id}/activity/?after=²").status_code == 400
+    assert browser.get(f"/runs/{run.id}/activity/?after=0").status_code == 200
+
+
+def test_a_404_quotes_no_more_of_the_id_than_an_id_takes(op_client):
+    long_id = "x" * 10000
+    for path in (f"/api/runs/{long_id}/", f"/api/runs/{long_id}/cancel/"):
+        response = (op_client.get(path) if path.endswith("s/" + long_id + "/")
+                    else op_client.post(path, {}, format="json"))
+        assert response.status_code == 404
+        assert len(response.content) < 300, response.content[:300]

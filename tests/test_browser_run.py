@@ -307,3 +307,34 @@ def test_on_the_list_too_cancel_waits_for_undo_and_pause_says_it_waits(page, emb
     page.click(f'{row} [data-action="cancel"]')
     page.click(f'.toast.notice[data-for="{slow["id"]}"] [data-notice="now"]')
     page.wait_for_selector(f'{row}[data-end-cause="cancelled"]')
+
+
+HOSTILE_SCHEMA = {"type": "object", "required": ["__proto__", "note"], "properties": {
+    "__proto__": {"type": "string", "title": "Proto"},
+    "note": {"type": "string", "maxLength": 2147483648, "title": "Note"},
+    "count": {"type": "integer", "maximum": 1e308, "default": 2}}}
+
+
+def test_an_agents_schema_cannot_break_the_review_form(browser, embedded_site):  # noqa: F811
+    _, run = embedded_site.call("POST", "/api/runs/", {
+        "agent": "demo.ask", "input": {"schema": HOSTILE_SCHEMA}})
+    wait_until(lambda: embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]["state"] ==
+               "awaiting", 10, "the run to ask")
+    link = embedded_site.call("POST", f"/api/runs/{run['id']}/review-links/", {})[1]["url"]
+    reviewer = browser.new_context()
+    review = reviewer.new_page()
+    errors, requests = [], []
+    review.on("pageerror", lambda error: errors.append(str(error)))
+    review.on("request", lambda request: requests.append((request.method, request.url)))
+    review.goto(link)
+    review.fill('[name="name"]', "Rita")
+    review.fill('[name="schema:__proto__"]', "first")
+    review.fill('[name="schema:note"]', "second")
+    review.click('button[value="answer"]')
+    review.wait_for_selector("#review-done:not([hidden])")
+    assert errors == []
+    assert not [url for method, url in requests if "Rita" in url]  # never in a URL
+    reviewer.close()
+    done = wait_until(lambda: (lambda r: r if r["state"] == "ended" else None)(
+        embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]), 10, "the run to end")
+    assert done["output"] == {"ordered": {"__proto__": "first", "note": "second", "count": 2}}

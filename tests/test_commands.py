@@ -88,3 +88,15 @@ def test_the_benchmark_command_parses_its_options():
     parser = Bench().create_parser("manage.py", "bench")  # fails on a clashing option
     options = parser.parse_args(["lifecycle", "--rounds", "3"])
     assert (options.what, options.rounds) == ("lifecycle", 3)
+
+
+def test_operator_token_runs_the_username_validators():
+    from django.contrib.auth.models import User
+    from django.core.management.base import CommandError
+
+    token_of("alice", "--create")
+    token_of("\uff41\uff4c\uff49\uff43\uff45", "--create")  # full-width "alice": the same user
+    assert list(User.objects.values_list("username", flat=True)) == ["alice"]
+    with pytest.raises(CommandError, match="username"):
+        token_of("no spaces allowed", "--create")
+    assert User.objects.count() == 1

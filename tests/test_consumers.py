@@ -463,3 +463,29 @@ def test_a_socket_is_closed_once_its_pass_no_longer_holds(viewer, settings, how,
         await communicator.disconnect()
 
     run_async(body)
+
+
+def test_a_flood_of_resumes_costs_one_replay(viewer):
+    for _ in range(3):
+        queued_run()
+    first, *_ = Event.objects.order_by("seq").values_list("seq", flat=True)
+    headers = [token_header(viewer)]
+
+    async def body():
+        communicator, _, _ = await connect("/ws/runs/", headers)
+        await communicator.receive_json_from(timeout=5)  # the snapshot
+        for _ in range(100):  # a flood: each would replay two events again
+            await communicator.send_json_to({"type": "resume", "after": first})
+        flood = [await communicator.receive_json_from(timeout=5) for _ in range(2)]
+        await communicator.send_json_to({"type": "resume", "after": first - 1})  # earlier
+        while not await communicator.receive_nothing(timeout=0.5):
+            flood.append(await communicator.receive_json_from(timeout=5))
+        seqs = [m["seq"] for m in flood]
+        # The flood's first replay (one more if it took over RESUME_COALESCE_SECONDS), then
+        # the earlier one's: a handful, where each resume alone would have made 203.
+        assert len(seqs) <= 11, len(seqs)
+        assert seqs[:2] == [first + 1, first + 2]
+        assert seqs[-3:] == [first, first + 1, first + 2]
+        await communicator.disconnect()
+
+    run_async(body)

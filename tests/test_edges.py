@@ -378,15 +378,16 @@ def test_inbox_items_arrive_in_order_and_a_wake_is_an_empty_item():
     loop.close()
 
 
-# --- abandoned blocking tools are counted and capped ---------------------------------------------
+# --- abandoned blocking tools are counted, replaced and capped -----------------------------------
 
 
-def test_abandoned_blocking_tools_are_counted_and_past_the_cap_fail_at_once():
+def test_abandoned_blocking_tools_are_replaced_and_past_the_cap_fail_at_once():
     from harness.processes import wait_until
     from runs.runtime.agent import Interrupted
     from runs.runtime.executor import Executor, ToolsExhausted
 
     executor = Executor(node="edges", lease_seconds=3600, tool_threads=2, db_threads=1)
+    executor.tool_threads.abandoned_limit = 4
     release = threading.Event()
 
     class ToolHost:  # the part of the host interface a tool call uses
@@ -412,13 +413,15 @@ def test_abandoned_blocking_tools_are_counted_and_past_the_cap_fail_at_once():
     def on_loop(cancel: bool):
         return asyncio.run_coroutine_threadsafe(call_tool(cancel), executor.loop).result(10)
 
-    for _ in range(2):
+    for _ in range(3):  # more than the slots: each abandoned thread is replaced
         with pytest.raises(Interrupted):
             on_loop(cancel=True)
-    assert executor.tool_threads.abandoned == 2
-    with pytest.raises(ToolsExhausted):
+    assert executor.tool_threads.abandoned == 3
+    with pytest.raises(Interrupted):
+        on_loop(cancel=True)
+    with pytest.raises(ToolsExhausted):  # the memory cap: 4 out at once
         on_loop(cancel=False)
-    release.set()  # the abandoned threads return and give their slots back
+    release.set()  # the abandoned threads return
     wait_until(lambda: executor.tool_threads.abandoned == 0, 10, "the abandoned tools to return")
     assert on_loop(cancel=False) is True
     executor.close()
@@ -457,3 +460,71 @@ def test_a_live_cancel_taken_while_a_pause_commits_is_not_lost():
     run = Run.objects.select_related("control").get(pk=run.id)
     assert (run.state, run.end_cause) == ("ended", "cancelled")
     assert run.control.requested_by == "olga" and run.control.applied_via == "durable"
+
+
+# --- in-process children take the worker's capacity; a run's children are capped ----------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_children_started_in_process_count_against_the_workers_capacity():
+    from harness.processes import wait_until
+    from runs.runtime.executor import Executor
+
+    executor = Executor(node="edges-children", lease_seconds=3600, capacity=3, db_threads=2)
+    parent, _ = domain.run_create(agent="demo.parent", dispatch=False, input={
+        "children": 5, "child_agent": "demo.hang"})
+    try:
+        assert executor.start([parent.id]) == 1
+        wait_until(lambda: Run.objects.get(pk=parent.id).state == RunState.ENDED, 20,
+                   "the parent to end")
+        parent.refresh_from_db()
+        assert parent.end_cause == "failed" and "AWAKEN_WORKER_CAPACITY" in parent.error
+        assert Run.objects.filter(parent=parent).count() == 2  # the parent holds the third
+        for entry in executor.registry.snapshot():
+            entry.token.cancel(Why("command"))
+        wait_until(lambda: len(executor.registry) == 0, 20, "the children to end")
+    finally:
+        executor.close()
+    assert not Run.objects.exclude(state=RunState.ENDED).exists()
+
+
+def test_a_runs_children_are_capped_by_a_setting(settings, op_client):
+    settings.AWAKEN_MAX_CHILDREN = 2
+    parent = queued_run()
+    for expected in (201, 201, 400):
+        response = op_client.post("/api/runs/", {"agent": "demo.steps", "parent_id":
+                                                 str(parent.id)}, format="json")
+        assert response.status_code == expected
+    assert response.json()["code"] == "invalid"
+    assert "AWAKEN_MAX_CHILDREN" in response.json()["detail"]
+    assert Run.objects.filter(parent=parent).count() == 2
+
+
+# --- log records cannot forge lines or act on a terminal ----------------------------------------
+
+
+def test_log_records_escape_control_characters_and_redact_review_tokens():
+    import logging
+    import sys
+
+    from awaken_site.logs import SafeFormatter
+
+    (handler,) = [h for h in logging.getLogger().handlers
+                  if isinstance(h.formatter, SafeFormatter)]  # the settings' console handler
+    forged = "boom\n2026-01-01 00:00:00 INFO runs all is well\x1b[2J\u202e"
+    record = logging.LogRecord("runs", logging.ERROR, __file__, 1, "run failed: %s",
+                               (forged,), None)
+    line = handler.format(record)
+    assert "\n" not in line and "\x1b" not in line and "\u202e" not in line
+    assert line.endswith("run failed: boom\\n2026-01-01 00:00:00 INFO runs all is well"
+                         "\\x1b[2J\\u202e")
+    try:
+        raise RuntimeError(forged)
+    except RuntimeError:
+        record = logging.LogRecord("django.request", logging.WARNING, __file__, 1,
+                                   "Gone: %s", ("/review/s3cret-t0ken/",), sys.exc_info())
+    text = handler.format(record)
+    assert "s3cret-t0ken" not in text and "Gone: /review/…/" in text
+    assert all(line.startswith("  ") for line in text.splitlines()[1:])  # never a record's
+    assert "\x1b" not in text

@@ -1,6 +1,10 @@
 """The embedded default of ``make run``: one process serving web, worker and sweeper on
 SQLite, the in-memory broker and the in-memory channel layer. Started as a user would."""
 
+import os
+import stat
+from urllib.parse import urlsplit
+
 from harness.processes import wait_until
 
 
@@ -57,3 +61,45 @@ def test_the_demo_agents_answer_offline_from_the_provider_stub(embedded_site):
         "Hello! I am the provider stub of awaken-site, answering offline."]
     assert "provider's own usage figures" in ends[1]["output"]["answer"]
     assert ends[0]["usage"]["tokens"] > 0 and ends[1]["usage"]["steps"] == 2
+
+
+def test_no_log_line_holds_a_review_token(embedded_site):
+    _, run = embedded_site.call("POST", "/api/runs/", {
+        "agent": "demo.approval", "input": {"steps_before": 0, "step_seconds": 0}})
+    wait_until(lambda: embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]["state"] ==
+               "awaiting", 10, "the run to await its approval")
+    status, link = embedded_site.call("POST", f"/api/runs/{run['id']}/review-links/", {})
+    assert status == 201
+    path = urlsplit(link["url"]).path
+    token = path.rstrip("/").rsplit("/", 1)[-1]
+    assert embedded_site.call("GET", path)[0] == 200
+    answer = {"name": "rita", "decision": "approve"}
+    assert embedded_site.call("POST", path, answer)[0] == 200
+    assert embedded_site.call("POST", path, answer)[0] == 410  # Django logs it too
+    wait_until(lambda: embedded_site.log().count('"POST /review/…/" 410') == 1, 5,
+               "the access log's line")
+    assert token not in embedded_site.log()
+    assert '"GET /review/…/" 200' in embedded_site.log()
+
+
+def test_the_procfiles_web_sets_daphnes_timeouts_and_leaves_its_access_log_off():
+    from harness.processes import ROOT
+
+    web = next(line for line in (ROOT / "Procfile").read_text().splitlines()
+               if line.startswith("web:"))
+    assert " daphne -v 0 " in web  # daphne writes paths whole; awaken_site.logs redacts
+    from harness.processes import DAPHNE_OPTIONS
+    from runs.sockets.daphne import TIMEOUTS
+
+    assert f" daphne {' '.join(DAPHNE_OPTIONS)} -b " in web  # the harness starts it alike
+    for option, value in TIMEOUTS.items():  # and so does the embedded server
+        flag = "--" + (option if "connect" in option else option.replace("_", "-"))
+        assert f" {flag} {value} " in web, option
+
+
+def test_var_and_the_sqlite_files_are_private(embedded_site):
+    embedded_site.call("POST", "/api/runs/", {"agent": "demo.steps", "input": {"steps": 1}})
+    assert stat.S_IMODE(os.stat(embedded_site.var).st_mode) == 0o700
+    files = ["awaken.sqlite3", "awaken.sqlite3-wal", "awaken.sqlite3-shm"]
+    for name in files:  # WAL mode: the companions exist while the site runs
+        assert stat.S_IMODE(os.stat(embedded_site.var / name).st_mode) == 0o600, name

@@ -3,6 +3,7 @@
 import re
 import subprocess
 import sys
+import threading
 from html.parser import HTMLParser
 
 import pytest
@@ -192,3 +193,23 @@ def test_a_row_shows_exactly_the_buttons_its_state_allows():
     for run_id, actions in expected.items():
         page = Rows(client.get(f"/runs/{run_id}/").content.decode()).rows
         assert page[str(run_id)]["shown"] == actions
+
+
+def test_healthz_reports_the_database_alone_while_the_broker_threads_are_all_stuck(monkeypatch):
+    """A broker outage ties up every broker thread (deliveries waiting on it): the database
+    is still reported up, and the answer is 200."""
+    from runs.pages import health
+    from runs.workers.broker import broker_threads
+
+    monkeypatch.setattr(health, "prober", health.Prober())
+    outage = threading.Event()
+    stuck = 0
+    try:
+        while broker_threads().post(outage.wait, timeout=30) is not None:
+            stuck += 1
+        response = browser_for().get("/healthz")
+        assert (response.status_code, response.json()) == (
+            200, {"db": "ok", "broker": "unknown", "workers": 0})
+    finally:
+        outage.set()
+    assert stuck > 0

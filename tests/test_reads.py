@@ -4,7 +4,6 @@ call's own values."""
 
 import threading
 import uuid
-from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -12,8 +11,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from runs import domain
-from runs.domain import core, keys, selectors, throttle
-from runs.models import AuthFailure, AuthScope, ControlIntent, Run
+from runs.domain import core, keys, selectors
+from runs.models import ControlIntent, Run
 from tests.conftest import make_user
 from tests.factories import awaiting_run, queued_run, running_run
 
@@ -71,34 +70,16 @@ def test_a_pending_intent_is_read_once_and_an_applied_one_is_not_pending():
     assert core.pending_intent(queued_run()) is None
 
 
-def test_the_key_lookup_reads_locks_and_roles_as_the_queryset_does(settings):
+def test_the_key_lookup_reads_roles_as_the_queryset_does():
     user = make_user("alice", "operator")
     key = keys.api_key_issue(user=user)
-    now = timezone.now()
-    values = {"digest": keys.key_digest(key), "address": "10.0.0.1", "prefix": key[:8],
-              **throttle.lock_bounds(now)}
+    values = {"digest": keys.key_digest(key)}
     plain = keys.key_lookup_queryset(**values).first()
     prepared = keys.key_lookup(**values)
-    assert prepared.awaken_locked is None is plain.locked
     assert (prepared._awaken_has_operator, prepared._awaken_has_viewer) == (True, False)
     assert (plain._awaken_has_operator, plain._awaken_has_viewer) == (True, False)
     assert fields_of(prepared) == fields_of(plain.user)
-    # A lock of the prefix shows; with more failures needed (a setting), it does not.
-    AuthFailure.objects.create(scope=AuthScope.KEY_PREFIX, ident=key[:8],
-                               failures=settings.AWAKEN_AUTH_FAILURES,
-                               last_failed_at=now - timedelta(seconds=1))
-    locked = keys.key_lookup(**values).awaken_locked
-    assert locked == keys.key_lookup_queryset(**values).first().locked
-    assert locked is not None and locked.tzinfo is not None
-    # The address's lock shows as well.
-    AuthFailure.objects.filter(scope=AuthScope.KEY_PREFIX).update(ident="other")
-    assert keys.key_lookup(**values).awaken_locked is None
-    AuthFailure.objects.filter(scope=AuthScope.KEY_PREFIX).update(
-        scope=AuthScope.ADDRESS, ident="10.0.0.1")
-    assert keys.key_lookup(**values).awaken_locked == locked
-    settings.AWAKEN_AUTH_FAILURES += 1
-    assert keys.key_lookup(**{**values, **throttle.lock_bounds(now)}).awaken_locked is None
-    assert keys.key_lookup(**{**values, "digest": "0" * 64}) is None
+    assert keys.key_lookup(digest="0" * 64) is None
 
 
 def test_every_thread_reads_on_its_own_connection():

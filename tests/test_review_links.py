@@ -327,3 +327,47 @@ def test_two_answers_at_once_resume_once(gang, operator, runs_kept_here):
         assert (link.state == "used") == (resumed.source == "link")
         if link.state == "used":
             assert link.closed_by == resumed.actor
+
+
+def test_a_link_outlives_no_access_of_its_maker(op_client, operator):
+    run, _ = approval_run()
+    link = make_link(op_client, run)
+    operator.is_active = False
+    operator.save()
+    before = state()
+    for response in (Client().get(path_of(link)),
+                     Client().post(path_of(link), {"name": "Rita", "decision": "approve"},
+                                   content_type="application/json")):
+        assert (response.status_code, response.json()["code"]) == (410, "link_revoked")
+        assert "can no longer resume" in response.json()["detail"]
+    assert state() == before
+    operator.is_active = True
+    operator.save()
+    operator.groups.clear()  # no longer an operator: the same
+    assert Client().get(path_of(link)).status_code == 410
+
+
+def test_a_reviewers_name_loses_its_control_and_bidi_characters(op_client):
+    run, _ = approval_run()
+    link = make_link(op_client, run)
+    response = Client().post(path_of(link), {"name": "Rita\u202e \x1b[31mRed\u2066\n",
+                                             "decision": "approve"},
+                             content_type="application/json")
+    assert response.status_code == 200
+    assert Event.objects.get(run=run, kind="resumed").actor == "Rita [31mRed"
+    only_controls = make_link(op_client, approval_run()[0])
+    response = Client().post(path_of(only_controls), {"name": "\u202e\u2066",
+                                                      "decision": "approve"},
+                             content_type="application/json")
+    assert (response.status_code, response.json()["code"]) == (400, "invalid")
+
+
+def test_actor_names_are_isolated_where_the_run_page_shows_them(op_client, operator):
+    from tests.conftest import browser_for
+
+    run, _ = approval_run()
+    link = make_link(op_client, run)
+    Client().post(path_of(link), {"name": "Rita", "decision": "approve"},
+                  content_type="application/json")
+    panel = browser_for(operator).get(f"/runs/{run.id}/").content.decode()
+    assert "by <bdi>Rita</bdi> via Review link" in panel

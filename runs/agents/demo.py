@@ -193,14 +193,15 @@ ORDER_SCHEMA = {
 
 @register
 class Ask(Agent):
-    """Asks for typed input (a JSON Schema the page makes a form of), then returns it."""
+    """Asks for typed input (a JSON Schema the page makes a form of; input ``schema``, any
+    other), then returns it."""
 
     name = "demo.ask"
 
     async def run(self, ctx):
         answer = await ctx.wait_for_input(
             reason="input", prompt={"question": "Which colour, and how many?"},
-            schema=ORDER_SCHEMA)
+            schema=ctx.input.get("schema", ORDER_SCHEMA))
         ctx.log("got an answer", colour=answer.get("colour"))
         return {"ordered": answer}
 

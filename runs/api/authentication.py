@@ -4,7 +4,7 @@ from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
 
 from runs.domain import keys
-from runs.domain.errors import TooManyFailures
+from runs.domain.errors import KeyRevoked, TooManyFailures
 
 
 class ApiKeyAuthentication(TokenAuthentication):
@@ -23,8 +23,10 @@ class ApiKeyAuthentication(TokenAuthentication):
         except TooManyFailures as error:
             raise exceptions.Throttled(
                 wait=error.retry_after,
-                detail="Too many failed token checks from this address or for this key.",
+                detail="Too many failed token checks from this address.",
             ) from None
+        except KeyRevoked as error:
+            raise exceptions.AuthenticationFailed(error.message) from None
         if user is None:
             raise exceptions.AuthenticationFailed("Invalid token.")
         return user, None

@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 from runs import domain
 from runs.api.listing import RunFilter
 from runs.api.permissions import IsOperator
-from runs.api.serializers import NoBodySerializer, StrictSerializer
+from runs.api.serializers import NoBodySerializer, QueryInteger, StrictSerializer
 from runs.api.views import ERRORS, OperatorPostMixin, actor, query, source, validated
 from runs.domain.representation import bulk_data
 from runs.models import BulkState, ControlAction
@@ -92,7 +92,7 @@ class BulkPageSerializer(serializers.Serializer):
 
 class BulkListQuery(serializers.Serializer):
     cursor = serializers.CharField(required=False, max_length=200)
-    limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=200)
+    limit = QueryInteger(required=False, default=50, min_value=1, max_value=200)
 
 
 def selection(data) -> dict:

@@ -39,7 +39,7 @@ class RunRerunView(APIView):
 
 
 class OverviewQuery(serializers.Serializer):
-    window = serializers.IntegerField(
+    window = s.QueryInteger(
         required=False, default=3600, min_value=MIN_WINDOW, max_value=MAX_WINDOW,
         help_text="Seconds to look back (60 to 86400): minutes up to three hours, coarser "
                   "buckets beyond.")

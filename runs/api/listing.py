@@ -4,7 +4,7 @@ selection and the OpenAPI document; ``runs.domain.selectors.matching`` applies t
 from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 
-from runs.api.serializers import RunListQuery
+from runs.api.serializers import QueryInteger, RunListQuery
 from runs.domain.selectors import SORT_CHOICES, id_range
 from runs.models import EndCause, RunState
 
@@ -84,7 +84,7 @@ class RunSearchQuery(RunFilter):
         help_text="created, started, ended or duration (running time); - first for "
                   "descending. Runs not started or not ended yet sort after every time.")
     cursor = serializers.CharField(required=False, max_length=300)
-    limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=500)
+    limit = QueryInteger(required=False, default=50, min_value=1, max_value=500)
 
 
 def query_data(request) -> dict:

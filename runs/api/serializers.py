@@ -242,6 +242,25 @@ class EventPageSerializer(serializers.Serializer):
 # --- Query strings: one definition serves the validation and the OpenAPI document --------
 
 
+class QueryInteger(serializers.IntegerField):
+    """An integer of a query string: plain ASCII digits only (``limits.PLAIN_INTEGER``),
+    whatever else int() would take."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, str) and not limits.PLAIN_INTEGER.fullmatch(data):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class QuerySeconds(serializers.FloatField):
+    """Seconds in a query string: ASCII digits, with a decimal point at most."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, str) and not limits.PLAIN_DECIMAL.fullmatch(data):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class RunListQuery(serializers.Serializer):
     state = serializers.ChoiceField(choices=RunState.values, required=False)
     end_cause = serializers.ChoiceField(choices=EndCause.values, required=False)
@@ -249,18 +268,18 @@ class RunListQuery(serializers.Serializer):
     thread_id = serializers.CharField(required=False, max_length=200)
     parent_id = serializers.UUIDField(required=False)
     cursor = serializers.CharField(required=False, max_length=200)
-    limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=500)
+    limit = QueryInteger(required=False, default=50, min_value=1, max_value=500)
 
 
 class EventsQuery(serializers.Serializer):
-    after = serializers.IntegerField(required=False, default=0, min_value=0, max_value=2**62)
+    after = QueryInteger(required=False, default=0, min_value=0, max_value=2**62)
 
 
 class EventFeedQuery(EventsQuery):
-    limit = serializers.IntegerField(required=False, default=100, min_value=1, max_value=1000)
+    limit = QueryInteger(required=False, default=100, min_value=1, max_value=1000)
 
 
 class WaitQuery(serializers.Serializer):
-    wait = serializers.FloatField(
+    wait = QuerySeconds(
         required=False, default=5.0, min_value=0, max_value=30,
         help_text="Seconds to wait for the committed result (0 = do not wait).")

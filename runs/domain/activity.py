@@ -3,15 +3,19 @@
 It is a record of what happened, not state: no transition reads it. The worker writes a
 few entries at a time as the attempt goes (``runs.runtime``), an operator's live request
 (a pause) is written when the attempt takes it, and each entry is pushed to the run's
-sockets after commit. A run keeps at most ``CAP`` entries: the next one written is a
-``truncated`` note, and later ones are dropped, so a chatty agent cannot fill the table.
+sockets after commit. A run keeps at most ``CAP`` of the agent's entries (steps, calls, lines,
+progress): the next one is a ``truncated`` note, and later ones are dropped, so a chatty
+agent cannot fill the table. The entries that are not the agent's to spend, the error that
+failed an attempt and the live requests the attempts took (one per operator pause), are
+counted apart, up to ``APART_CAP``: a run at its cap still shows why it failed, and pauses
+never use up the agent's room.
 """
 
 import json
 from functools import partial
 
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from runs.domain import outside
@@ -19,7 +23,11 @@ from runs.domain.representation import activity_data
 from runs.domain.text import clipped
 from runs.models import Activity, ActivityKind, Run
 
-CAP = 2000  # entries per run
+CAP = 2000  # the agent's entries per run
+APART_CAP = 500  # error and control entries per run, besides
+AGENT_KINDS = (ActivityKind.STEP, ActivityKind.MODEL, ActivityKind.TOOL, ActivityKind.LOG,
+               ActivityKind.PROGRESS)
+APART_KINDS = (ActivityKind.ERROR, ActivityKind.CONTROL)
 TEXT = 500  # characters of a line (the column's size)
 DATA = 2000  # bytes of an entry's data, encoded; a larger one is cut down to a note
 TRACEBACK = 8000  # characters of a traceback kept in an error entry
@@ -63,17 +71,32 @@ def activity_record(*, run_id, generation: int, entries: list[dict]) -> list[Act
 
 
 def _append(run_id, generation: int, entries: list[dict]) -> list[Activity]:
-    last = Activity.objects.filter(run_id=run_id).aggregate(last=Max("seq"))["last"] or 0
+    """Number and insert what the caps leave of ``entries``: the agent's up to ``CAP``, then
+    one ``truncated`` note; errors and controls up to ``APART_CAP``, whatever the agent
+    wrote."""
+    counts = Activity.objects.filter(run_id=run_id).aggregate(
+        last=Max("seq"), agent=Count("pk", filter=Q(kind__in=AGENT_KINDS)),
+        apart=Count("pk", filter=Q(kind__in=APART_KINDS)),
+        truncated=Count("pk", filter=Q(kind=ActivityKind.TRUNCATED)))
+    last, agent, apart = counts["last"] or 0, counts["agent"], counts["apart"]
+    truncated = bool(counts["truncated"])
     rows = []
     for entry in entries:
-        seq = last + len(rows) + 1
-        if seq > CAP + 1:
-            break
-        if seq == CAP + 1:
+        if entry["kind"] in APART_KINDS:
+            if apart >= APART_CAP:
+                continue
+            apart += 1
+        elif agent < CAP:
+            agent += 1
+        elif not truncated:
+            truncated = True
             entry = {"kind": ActivityKind.TRUNCATED, "ms": None, "tokens": None,
-                     "text": f"The activity log keeps {CAP} entries; later ones are dropped.",
-                     "data": None, "at": entry["at"]}
-        rows.append(Activity(run_id=run_id, seq=seq, generation=generation, **entry))
+                     "text": f"The activity log keeps {CAP} of the agent's entries; later "
+                             "ones are dropped.", "data": None, "at": entry["at"]}
+        else:
+            continue
+        rows.append(Activity(run_id=run_id, seq=last + len(rows) + 1, generation=generation,
+                             **entry))
     return Activity.objects.bulk_create(rows)
 
 

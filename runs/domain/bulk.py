@@ -25,6 +25,7 @@ from runs.domain.core import after_commit
 from runs.domain.errors import BulkJobNotFound, InvalidRequest, ServiceError
 from runs.domain.runs import _clean_reason, run_cancel, run_stop
 from runs.domain.selectors import matching
+from runs.domain.text import quoted_id
 from runs.models import (
     LIVE_BULK_STATES,
     BulkItem,
@@ -53,7 +54,7 @@ def bulk_selection(*, ids: list | None = None, criteria: dict | None = None) -> 
         found = set(Run.objects.filter(pk__in=wanted).values_list("pk", flat=True))
         missing = [run_id for run_id in wanted if run_id not in found]
         if missing:
-            raise InvalidRequest(f"No run with id {missing[0]}.", field="ids")
+            raise InvalidRequest(f"No run with id {quoted_id(missing[0])}.", field="ids")
         return wanted
     chosen = (Run.objects.filter(matching(**criteria)).exclude(state=RunState.ENDED)
               .order_by("-created_at", "-id").values_list("pk", flat=True))
@@ -202,7 +203,7 @@ def bulk_job_abort(*, job_id, actor: str) -> BulkJob:
     with transaction.atomic():
         job = BulkJob.objects.select_for_update().filter(pk=_job_pk(job_id)).first()
         if job is None:
-            raise BulkJobNotFound(f"No bulk job with id {job_id}.")
+            raise BulkJobNotFound(f"No bulk job with id {quoted_id(job_id)}.")
         if job.state in LIVE_BULK_STATES:
             job.state = BulkState.ABORTED
             job.finished_at = timezone.now()
@@ -233,7 +234,7 @@ def bulk_jobs_resend(*, older_than: float, limit: int = 100) -> list:
 def bulk_job_get(job_id) -> BulkJob:
     job = BulkJob.objects.filter(pk=_job_pk(job_id)).first()
     if job is None:
-        raise BulkJobNotFound(f"No bulk job with id {job_id}.")
+        raise BulkJobNotFound(f"No bulk job with id {quoted_id(job_id)}.")
     return job
 
 
@@ -272,7 +273,7 @@ def _job_pk(job_id):
     try:
         return uuid.UUID(str(job_id))
     except ValueError:
-        raise BulkJobNotFound(f"No bulk job with id {job_id}.") from None
+        raise BulkJobNotFound(f"No bulk job with id {quoted_id(job_id)}.") from None
 
 
 def _encode(job: BulkJob) -> str:

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from runs.domain import outside, sql
 from runs.domain.errors import RunNotFound
-from runs.domain.text import clipped, short_id
+from runs.domain.text import clipped, quoted_id, short_id
 from runs.models import (
     AppliedVia,
     Attempt,
@@ -58,7 +58,7 @@ def locked_run(run_id) -> Run:
     except ValidationError:  # not a UUID
         run = None
     if run is None:
-        raise RunNotFound(f"No run with id {run_id}.")
+        raise RunNotFound(f"No run with id {quoted_id(run_id)}.")
     if run.control_id is not None:  # pending, unless the run has ended
         run.control = sql.get(ControlIntent, run.control_id)
     return run

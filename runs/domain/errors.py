@@ -56,7 +56,7 @@ class Fenced(ServiceError):
 
 
 class TooManyFailures(ServiceError):
-    """Too many failed key checks lately from this address or for this key prefix."""
+    """Too many failed key checks lately from this address."""
 
     code = "throttled"
     status = 429
@@ -64,6 +64,13 @@ class TooManyFailures(ServiceError):
     def __init__(self, retry_after: int):
         super().__init__(f"Too many failed key checks; try again in {retry_after} seconds.")
         self.retry_after = retry_after
+
+
+class KeyRevoked(ServiceError):
+    """A key that was right once: replaced, revoked, or its user deactivated."""
+
+    code = "authentication_failed"
+    status = 401
 
 
 class LinkNotFound(ServiceError):

@@ -6,7 +6,6 @@ that DRF's authtoken made before (40 hex digits) were carried over hashed the sa
 (migration 0008). Both the REST API and the websocket handshake check keys here.
 """
 
-import datetime
 import hashlib
 import re
 import secrets
@@ -14,13 +13,13 @@ from functools import cache
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from runs.domain import roles, throttle
-from runs.domain.errors import TooManyFailures
+from runs.domain.errors import KeyRevoked, TooManyFailures
 from runs.domain.sql import quoted, rows
-from runs.models import ApiKey, AuthFailure, AuthScope
+from runs.models import ApiKey, AuthScope, RevokedApiKey
 
 PREFIX_LENGTH = 8
 # What a key can look like; anything else is refused without a lookup.
@@ -34,77 +33,63 @@ def key_digest(key: str) -> str:
 @transaction.atomic
 def api_key_issue(*, user) -> str:
     """Make a new key for ``user`` and return it: the one time it exists in the clear. The
-    key it replaces stops working at once."""
+    key it replaces stops working at once, and is remembered as revoked."""
     key = secrets.token_urlsafe(32)
+    old = ApiKey.objects.select_for_update().filter(user=user).first()
+    if old is not None:
+        _retire(old)
     ApiKey.objects.update_or_create(user=user, defaults={
         "prefix": key[:PREFIX_LENGTH], "digest": key_digest(key), "created_at": timezone.now()})
     return key
 
 
+def _retire(old: ApiKey) -> None:
+    RevokedApiKey.objects.get_or_create(digest=old.digest, defaults={
+        "user_id": old.user_id, "prefix": old.prefix, "revoked_at": timezone.now()})
+
+
 @cache
 def _key_lookup_sql() -> str:
-    """The user whose key has a given digest, with the last failure of the address's or
-    the prefix's lock (``throttle.last_lock``; NULL when neither is locked) and whether the
-    user has each role (``roles.role_annotations``), in one statement.
+    """The user whose key has a given digest, with whether the user has each role
+    (``roles.role_annotations``), in one statement.
 
     Written by hand (``sql.rows``): every request with a key makes it, and through the
-    query compiler its three subqueries cost several times the statement's own time
-    (``manage.py bench sql``). tests/test_keys.py holds it to the querysets' result."""
+    query compiler its subqueries cost several times the statement's own time
+    (``manage.py bench sql``). tests/test_reads.py holds it to the queryset's result."""
     user = get_user_model()
-    meta, key, failure = user._meta, ApiKey._meta, AuthFailure._meta
+    meta, key = user._meta, ApiKey._meta
     through = meta.get_field("groups").remote_field.through._meta
 
     def column(options, name):
         return quoted(options.get_field(name).column)
 
-    failures = quoted(failure.db_table)
-    scope, ident = column(failure, "scope"), column(failure, "ident")
-    last = column(failure, "last_failed_at")
-    lock = (f"(SELECT max({last}) FROM {failures} WHERE (({scope} = %s AND {ident} = %s) OR "
-            f"({scope} = %s AND {ident} = %s)) AND {column(failure, 'failures')} >= %s "
-            f"AND {last} > %s) AS awaken_locked")
     has = [f"EXISTS (SELECT 1 FROM {quoted(through.db_table)} m JOIN "
            f"{quoted(Group._meta.db_table)} g ON g.{column(Group._meta, 'id')} = "
            f"m.{column(through, 'group')} WHERE m.{column(through, 'user')} = "
            f"u.{column(meta, meta.pk.name)} AND g.{column(Group._meta, 'name')} = %s) "
            f"AS {quoted('_awaken_has_' + role)}" for role in roles.ROLES]
     columns = ", ".join(f"u.{quoted(f.column)}" for f in meta.concrete_fields)
-    return (f"SELECT {columns}, {lock}, {', '.join(has)} FROM {quoted(meta.db_table)} u "
+    return (f"SELECT {columns}, {', '.join(has)} FROM {quoted(meta.db_table)} u "
             f"JOIN {quoted(key.db_table)} k ON k.{column(key, 'user')} = "
             f"u.{column(meta, meta.pk.name)} WHERE k.{column(key, 'digest')} = %s")
 
 
-def key_lookup_queryset(*, digest, address, prefix, since, failures):
-    """``key_lookup`` as a queryset of the key (``locked`` and the role flags annotated):
-    what tests/test_keys.py and ``manage.py bench sql`` hold it to."""
-    idents = [(AuthScope.ADDRESS, address), (AuthScope.KEY_PREFIX, prefix)]
+def key_lookup_queryset(*, digest):
+    """``key_lookup`` as a queryset of the key (the role flags annotated): what
+    tests/test_reads.py and ``manage.py bench sql`` hold it to."""
     return (ApiKey.objects.select_related("user")
-            .annotate(locked=throttle.last_lock(idents, since=since, failures=failures),
-                      **roles.role_annotations("user_id"))
+            .annotate(**roles.role_annotations("user_id"))
             .filter(digest=digest).order_by("pk")[:1])
 
 
-def key_lookup(*, digest: str, address: str, prefix: str, since, failures: int):
-    """The user with the key of ``digest``, or None; on it ``awaken_locked``, the last
-    failure of a lock on ``address`` or ``prefix`` (``throttle.lock_bounds``: ``since``,
-    ``failures``), or None, and the role flags ``roles.remember_roles`` reads."""
-    failure = AuthFailure._meta
-    params = [AuthScope.ADDRESS, address, AuthScope.KEY_PREFIX, prefix,
-              failure.get_field("failures").get_db_prep_value(failures, connection),
-              failure.get_field("last_failed_at").get_db_prep_value(since, connection),
-              *roles.ROLES, digest]
-    found = rows(get_user_model(), _key_lookup_sql(), params,
-                 extra=("awaken_locked", *(f"_awaken_has_{role}" for role in roles.ROLES)))
+def key_lookup(*, digest: str):
+    """The user with the key of ``digest``, or None; on it the role flags
+    ``roles.remember_roles`` reads."""
+    found = rows(get_user_model(), _key_lookup_sql(), [*roles.ROLES, digest],
+                 extra=tuple(f"_awaken_has_{role}" for role in roles.ROLES))
     if not found:
         return None
     user = found[0]
-    # Only the model's columns are converted: SQLite gives the others as stored.
-    locked = user.awaken_locked
-    if locked is not None and not isinstance(locked, datetime.datetime):
-        locked = failure.get_field("last_failed_at").to_python(locked)
-    if locked is not None and timezone.is_naive(locked):
-        locked = timezone.make_aware(locked, datetime.UTC)
-    user.awaken_locked = locked
     for role in roles.ROLES:
         setattr(user, f"_awaken_has_{role}", bool(getattr(user, f"_awaken_has_{role}")))
     return user
@@ -113,29 +98,32 @@ def key_lookup(*, digest: str, address: str, prefix: str, since, failures: int):
 def user_for_api_key(*, key: str, address: str):
     """The active user whose key ``key`` is, or None.
 
-    1. While the client's address or the key's prefix is locked, raise TooManyFailures,
-       whether the key is right or not (``runs.domain.throttle``).
-    2. Look the key up by its digest; a right key is read with the locks and the user's
-       roles in one query.
-    3. If no active user has it, count a failure for the address and the prefix.
+    The lock falls on what failed, never on a good key:
 
-    A good key costs one statement: its lookup reads the locks too. Only a key that is not
-    found needs a statement of its own for them.
+    1. Look the key up by its digest; a right key of an active user is let in whatever its
+       address did before (one statement, the user's roles read with it).
+    2. A key that is known but no longer works (replaced, revoked, or its user
+       deactivated) raises KeyRevoked: a stale key is a mistake to report, not a guess.
+    3. Anything else is a guess: while the client's address is locked, raise
+       TooManyFailures; else count a failure for the address (``runs.domain.throttle``).
+       No prefix is ever counted: knowing a key's first characters (the admin shows them)
+       must not lock the key.
     """
-    well_formed = KEY_FORMAT.fullmatch(key) is not None
-    idents = [(AuthScope.ADDRESS, address[:64])]
-    if well_formed:
-        idents.append((AuthScope.KEY_PREFIX, key[:PREFIX_LENGTH]))
-        now = timezone.now()
-        found = key_lookup(digest=key_digest(key), address=address[:64],
-                           prefix=key[:PREFIX_LENGTH], **throttle.lock_bounds(now))
+    address = address[:64]
+    if KEY_FORMAT.fullmatch(key) is not None:
+        digest = key_digest(key)
+        found = key_lookup(digest=digest)
         if found is not None:
-            wait = throttle.seconds_left(found.awaken_locked, now)
-            if wait:
-                raise TooManyFailures(wait)
             if found.is_active:
                 roles.remember_roles(found, found)
                 return found
+            raise KeyRevoked("This API key's user is deactivated.")
+        revoked = RevokedApiKey.objects.filter(digest=digest).values_list(
+            "revoked_at", flat=True).first()
+        if revoked is not None:
+            raise KeyRevoked(f"This API key was revoked at {revoked.isoformat()}; "
+                             "ask for a new one.")
+    idents = [(AuthScope.ADDRESS, address)]
     wait = throttle.locked_for(idents)
     if wait:
         raise TooManyFailures(wait)

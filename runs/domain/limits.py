@@ -9,6 +9,7 @@ alike on both.
 
 import json
 import math
+import re
 from dataclasses import dataclass
 
 from runs.domain.errors import InvalidRequest
@@ -157,3 +158,15 @@ def budget_schema() -> dict:
                                   "nullable": True, "minimum": 0, "exclusiveMinimum": True,
                                   "maximum": rule.maximum} for rule in BUDGETS},
     }
+
+
+# A number in a query string: plain ASCII digits, and for seconds a decimal point. Python's
+# int() and float() take far more ("²" is a digit to str.isdigit, "١٢" and " 1_0 " are
+# numbers to int(), "nan" and "1e9" to float()): each is refused, never converted.
+PLAIN_INTEGER = re.compile(r"[0-9]{1,20}")
+PLAIN_DECIMAL = re.compile(r"[0-9]{1,20}(\.[0-9]{1,9})?")
+
+
+def plain_integer(text: str) -> int | None:
+    """``text`` as an int if it is plain ASCII digits, else None."""
+    return int(text) if PLAIN_INTEGER.fullmatch(text) else None

@@ -168,9 +168,14 @@ def snapshot_text(*, seq: int, runs: list[Run]) -> str:
 
 
 def activity_data(entry: Activity) -> dict:
-    """An entry of a run's activity log, as its page and the run's sockets get it."""
+    """An entry of a run's activity log, as its page and the run's sockets get it. A
+    failure's traceback (server paths, the code's own lines) is left out: only staff see
+    it, on the run's page."""
+    data = entry.data
+    if isinstance(data, dict) and "traceback" in data:
+        data = {key: value for key, value in data.items() if key != "traceback"}
     return {"seq": entry.seq, "generation": entry.generation, "kind": entry.kind,
-            "text": entry.text, "ms": entry.ms, "tokens": entry.tokens, "data": entry.data,
+            "text": entry.text, "ms": entry.ms, "tokens": entry.tokens, "data": data,
             "at": when(entry.at)}
 
 

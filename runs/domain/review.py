@@ -17,6 +17,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
@@ -30,8 +31,10 @@ from runs.domain.errors import (
     LinkUsed,
     NotAwaiting,
 )
+from runs.domain.roles import is_operator
 from runs.domain.runs import run_resume
 from runs.domain.selectors import parse_run_id, parse_uuid, run_get
+from runs.domain.text import plain_name
 from runs.models import LinkState, ReviewLink, Run, RunState, Source
 
 MIN_SECONDS, MAX_SECONDS = 60, 7 * 86400
@@ -155,14 +158,26 @@ def _usable(link: ReviewLink) -> ReviewLink:
         raise LinkRevoked("This link was revoked.")
     if link.expires_at <= timezone.now():
         raise LinkExpired("This link has expired.")
+    if not _maker_may_resume(link.created_by):
+        raise LinkRevoked("The operator who made this link can no longer resume runs: the "
+                          "link works no more.")
     if not Run.objects.filter(pk=link.run_id, state=RunState.AWAITING,
                               ticket_id=link.ticket_id).exists():
         raise LinkStale("The ticket of this link is no longer open: the run moved on.")
     return link
 
 
+def _maker_may_resume(username: str) -> bool:
+    """Whether the link's maker is still an active operator: a link acts in their stead,
+    so it never outlives their access."""
+    maker = get_user_model().objects.filter(username=username, is_active=True).first()
+    return maker is not None and is_operator(maker)
+
+
 def _clean_name(name) -> str:
-    name = (name or "").strip() if isinstance(name, str) else ""
+    """The reviewer's name as it is recorded: without control or bidi characters, which
+    would act on the text shown after it (a timeline line, a log)."""
+    name = plain_name(name) if isinstance(name, str) else ""
     if not name:
         raise InvalidRequest("Give your name.", field="name")
     if len(name) > MAX_NAME_LENGTH or "\x00" in name:

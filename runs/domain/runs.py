@@ -8,6 +8,7 @@ from datetime import datetime
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Count
 from django.utils import timezone
 
 from runs.domain import activity, limits, outside, sql
@@ -33,7 +34,7 @@ from runs.domain.errors import (
 )
 from runs.domain.schemas import check_input
 from runs.domain.selectors import run_get, ticket_get
-from runs.domain.text import short_id
+from runs.domain.text import quoted_id, short_id
 from runs.models import (
     AppliedVia,
     ControlAction,
@@ -142,13 +143,14 @@ def runs_create(*, runs: list[dict], created_by=None, source: str = "api") -> li
 
 
 def _parents(ids) -> dict[str, Run]:
-    """The runs named as parents in ``ids`` (None allowed), by id as text."""
+    """The runs named as parents in ``ids`` (None allowed), by id as text, each with
+    ``child_count``, the children it has."""
     wanted = {str(pk) for pk in ids if pk is not None}
     if not wanted:
         return {}
     try:
         return {str(run.id): run for run in Run.objects.filter(pk__in=wanted)
-                .only("id", "thread_id")}
+                .only("id", "thread_id").annotate(child_count=Count("children"))}
     except ValidationError:  # a parent id that is not a UUID: no such parent
         return {}
 
@@ -168,7 +170,13 @@ def _new_run(*, agent: str, input: dict | None = None, thread_id: str | None = N
     if parent_id is not None:
         parent = parents.get(str(parent_id))
         if parent is None:
-            raise InvalidRequest(f"No parent run with id {parent_id}.", field="parent_id")
+            raise InvalidRequest(f"No parent run with id {quoted_id(parent_id)}.",
+                                 field="parent_id")
+        if parent.child_count >= settings.AWAKEN_MAX_CHILDREN:
+            raise InvalidRequest(
+                f"Run {parent_id} has {parent.child_count} child runs already, the most "
+                f"AWAKEN_MAX_CHILDREN allows.", field="parent_id")
+        parent.child_count += 1  # a batch's next child of the same parent counts this one
     run = sql.new(
         Run,
         dispatched_at=timezone.now(),

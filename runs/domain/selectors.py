@@ -14,6 +14,7 @@ from django.db.models.lookups import GreaterThan, LessThan
 from runs.domain import sql
 from runs.domain.errors import InvalidRequest, RunNotFound
 from runs.domain.representation import PAYLOAD, change_text, snapshot_text
+from runs.domain.text import quoted_id
 from runs.models import (
     ControlIntent,
     EndCause,
@@ -37,8 +38,8 @@ def parse_uuid(value, what: str = "run") -> uuid.UUID:
         return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
     except ValueError:
         if what == "run":
-            raise RunNotFound(f"No run with id {value}.") from None
-        raise InvalidRequest(f"No {what} with id {value}.", field=what) from None
+            raise RunNotFound(f"No run with id {quoted_id(value)}.") from None
+        raise InvalidRequest(f"No {what} with id {quoted_id(value)}.", field=what) from None
 
 
 def parse_run_id(value) -> uuid.UUID:
@@ -52,7 +53,7 @@ def run_get(run_id) -> Run:
     names are read by primary key (``sql.get``), not through a compiled queryset."""
     run = sql.get(Run, parse_run_id(run_id))
     if run is None:
-        raise RunNotFound(f"No run with id {run_id}.")
+        raise RunNotFound(f"No run with id {quoted_id(run_id)}.")
     run.ticket = None if run.ticket_id is None else sql.get(ResumeTicket, run.ticket_id)
     run.control = None if run.control_id is None else sql.get(ControlIntent, run.control_id)
     return run
@@ -61,7 +62,7 @@ def run_get(run_id) -> Run:
 def ticket_get(ticket_id) -> ResumeTicket:
     ticket = ResumeTicket.objects.filter(pk=parse_uuid(ticket_id, "ticket")).first()
     if ticket is None:
-        raise InvalidRequest(f"No ticket with id {ticket_id}.", field="ticket")
+        raise InvalidRequest(f"No ticket with id {quoted_id(ticket_id)}.", field="ticket")
     return ticket
 
 

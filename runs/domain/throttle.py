@@ -1,10 +1,12 @@
-"""Failed API-key checks, counted per client address and per key prefix.
+"""Failed API-key checks (keys no user has), counted per client address.
 
 The rule is django-axes' rule for logins: after ``AWAKEN_AUTH_FAILURES`` failures, each less
-than ``AWAKEN_AUTH_LOCKOUT_SECONDS`` after the one before, the address or prefix is locked
-until that long after its last failure. The counts are rows of ``AuthFailure``, so they hold
-across web processes, on SQLite and PostgreSQL alike. A check refused while locked is not
-counted: a flood of them costs one indexed read each and writes nothing.
+than ``AWAKEN_AUTH_LOCKOUT_SECONDS`` after the one before, the address is locked until that
+long after its last failure. A lock refuses only further unknown keys from the address: a
+right key is let in before the lock is read (``runs.domain.keys.user_for_api_key``). The
+counts are rows of ``AuthFailure``, so they hold across web processes, on SQLite and
+PostgreSQL alike. A check refused while locked is not counted: a flood of them costs one
+indexed read each and writes nothing.
 """
 
 import operator
@@ -14,7 +16,7 @@ from math import ceil
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Max, Q, Subquery, Value, When
+from django.db.models import Case, F, Max, Q, Value, When
 from django.utils import timezone
 
 from runs.models import AuthFailure, AuthScope
@@ -46,13 +48,6 @@ def locked_for(idents: list[Ident]) -> int:
     now = timezone.now()
     return seconds_left(_locks(idents, **lock_bounds(now)).aggregate(
         last=Max("last_failed_at"))["last"], now)
-
-
-def last_lock(idents: list[Ident], *, since, failures) -> Subquery:
-    """The last failure of those of ``idents`` that are locked (``lock_bounds``; NULL when
-    none is), as a subquery: a key's lookup reads it in its own statement."""
-    return Subquery(_locks(idents, since=since, failures=failures).order_by("-last_failed_at")
-                    .values("last_failed_at")[:1])
 
 
 def seconds_left(last_failed_at, now) -> int:

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 from django.core.exceptions import BadRequest
 
-from runs.domain import catalogue
+from runs.domain import catalogue, limits
 from runs.domain.selectors import SORT_CHOICES
 from runs.models import EndCause, RunState
 
@@ -82,10 +82,10 @@ class ListFilter:
 
 
 def _zone(text: str):
-    try:
-        minutes = int(text)
-    except ValueError:
+    digits = limits.plain_integer(text.removeprefix("-"))
+    if digits is None:
         return None
+    minutes = -digits if text.startswith("-") else digits
     if not -16 * 60 <= minutes <= 16 * 60:
         return None
     return timezone(timedelta(minutes=minutes))

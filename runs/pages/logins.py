@@ -1,6 +1,6 @@
 """The login throttle's settings and its page, for django-axes (see the AXES_* settings).
 
-Axes counts failed logins per address and per username in the database and refuses a
+Axes counts failed logins per (username, address) pair in the database and refuses a
 locked-out login before any password is hashed; this module tells it the limits, read
 from the AWAKEN_AUTH_* settings when asked, and answers a refused login with a 429 page.
 """
@@ -37,15 +37,15 @@ def locked_out(request, response, credentials):
 
 
 def seconds_until_unlocked(address: str | None, username: str | None) -> int:
-    """When both the address and the username are below the limit again.
+    """When the (username, address) pair is below the limit again.
 
     Axes forgets each attempt row a lockout period after its last failure, and locks while
-    the fresh rows of the address (or of the username) add up to the limit.
+    the fresh rows of the pair add up to the limit.
     """
     period, now = timedelta(seconds=settings.AWAKEN_AUTH_LOCKOUT_SECONDS), timezone.now()
     fresh = AccessAttempt.objects.filter(attempt_time__gt=now - period)
     ends = [now]
-    for rows in (fresh.filter(ip_address=address), fresh.filter(username=username)):
+    for rows in (fresh.filter(ip_address=address, username=username),):
         attempts = list(rows.order_by("attempt_time").values_list("attempt_time",
                                                                   "failures_since_start"))
         remaining = sum(count for _, count in attempts)

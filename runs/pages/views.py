@@ -227,11 +227,11 @@ def activity_log(request, run_id):
     """A run's activity log: its newest entries, or with ``?all=1`` every one kept."""
     run = run_panel_run(run_id)
     if "after" in request.GET:  # the entries the page has not shown yet, as list items
-        after = request.GET["after"]
-        if not after.isdigit():
-            raise BadRequest("after is a sequence number.")
+        after = limits.plain_integer(request.GET["after"])
+        if after is None:
+            raise BadRequest("after is a sequence number (ASCII digits).")
         return render(request, "runs/_activity_entries.html", {
-            "entries": activity.run_activity(run_id=run.id, after=int(after))[:activity.SHOWN],
+            "entries": activity.run_activity(run_id=run.id, after=after)[:activity.SHOWN],
             "activity_total": activity.activity_count(run_id=run.id)})
     shown_all = request.GET.get("all") == "1"
     entries = activity.run_activity(run_id=run.id, last=None if shown_all else activity.SHOWN)

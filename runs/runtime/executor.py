@@ -58,7 +58,8 @@ class Executor:
         self.loop = self.worker_loop.loop
         self.tool_threads = ToolThreads(tool_threads or TOOL_THREADS)
         self.children = Children(db=self.worker_loop.db, owner=self.owner,
-                                 lease_seconds=self.lease_seconds, launch=self.launch)
+                                 lease_seconds=self.lease_seconds, launch=self.launch,
+                                 room=lambda: self.room)
         self.leases = LeaseRenewer(registry=self.registry, db=self.worker_loop.db,
                                    owner=self.owner, lease_seconds=self.lease_seconds,
                                    abandoned_tools=lambda: self.tool_threads.abandoned)

@@ -1,26 +1,30 @@
 """Threads for blocking tools, and the count of those abandoned by a cancel.
 
 A thread cannot be killed: when an attempt stops waiting for a blocking tool, its thread is
-abandoned and keeps its slot until it returns; being a daemon, it never holds up the
-worker's shutdown. Abandoned threads are counted (the worker reports them on /metrics).
-Once every slot is held by one, a blocking tool fails at once with ``ToolsExhausted`` (its
-run ends ``failed``, saying so) instead of waiting for a slot that may never come back; the
-worker needs a restart to get its slots back.
+abandoned and runs on until it returns; being a daemon, it never holds up the worker's
+shutdown. An abandoned thread gives its slot back at once, so a new thread replaces it and
+the worker goes on running blocking tools without a restart. Abandoned threads are counted
+(the worker reports them on /metrics); only if ``abandoned_limit`` of them are still out at
+once (memory is finite) does a blocking tool fail at once with ``ToolsExhausted`` (its run
+ends ``failed``, saying so), until some return.
 """
 
 import asyncio
 import threading
 
 TOOL_THREADS = 64
+# Abandoned threads that may be out at once, per slot.
+ABANDONED_PER_SLOT = 16
 
 
 class ToolsExhausted(RuntimeError):
-    """No thread is left for a blocking tool: abandoned calls hold every one."""
+    """No thread is left for a blocking tool: too many abandoned calls are still out."""
 
 
 class ToolThreads:
-    def __init__(self, size: int = TOOL_THREADS):
+    def __init__(self, size: int = TOOL_THREADS, abandoned_limit: int | None = None):
         self.size = size
+        self.abandoned_limit = abandoned_limit or size * ABANDONED_PER_SLOT
         self._slots = asyncio.Semaphore(size)  # bound to the loop of its first wait
         self._abandoned: set[asyncio.Future] = set()
 
@@ -30,10 +34,10 @@ class ToolThreads:
         return len(self._abandoned)
 
     async def run(self, fn, *args, **kwargs):
-        """``fn(*args, **kwargs)`` in a daemon thread, at most ``size`` at once."""
-        if len(self._abandoned) >= self.size:
-            raise ToolsExhausted(f"every one of the {self.size} threads for blocking tools "
-                                 "is held by an abandoned call")
+        """``fn(*args, **kwargs)`` in a daemon thread, at most ``size`` awaited at once."""
+        if len(self._abandoned) >= self.abandoned_limit:
+            raise ToolsExhausted(f"{len(self._abandoned)} abandoned calls of blocking tools "
+                                 "have not returned yet: no thread is started for another")
         await self._slots.acquire()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
@@ -52,11 +56,14 @@ class ToolThreads:
         except asyncio.CancelledError:
             if not future.done():
                 self._abandoned.add(future)
+                self._slots.release()  # replaced: the next call starts a thread of its own
             raise
 
     def _returned(self, future, result, error) -> None:  # on the loop
-        self._slots.release()
-        self._abandoned.discard(future)
+        if future in self._abandoned:
+            self._abandoned.discard(future)  # its slot was given back when it was abandoned
+        else:
+            self._slots.release()
         if future.done():
             return
         if error is not None:

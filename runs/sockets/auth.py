@@ -17,7 +17,7 @@ from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest
 from django.utils.http import is_same_domain
 
-from runs.domain.errors import TooManyFailures
+from runs.domain.errors import KeyRevoked, TooManyFailures
 from runs.domain.keys import key_digest, user_for_api_key
 from runs.models import ApiKey
 
@@ -29,7 +29,7 @@ def token_holder(key: str, address: str) -> tuple:
     anonymous (and None) otherwise."""
     try:
         user = user_for_api_key(key=key, address=address)
-    except TooManyFailures:
+    except (TooManyFailures, KeyRevoked):
         user = None
     if user is None:
         return AnonymousUser(), None

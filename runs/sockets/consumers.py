@@ -3,13 +3,18 @@
 Thin consumers: authenticate and authorize before accepting, follow the change stream, send
 a snapshot, then forward each committed change. They write nothing. A client may ask to
 ``resume`` after the last ``seq`` it saw; the server replays committed events from the
-events table. Anything else a client sends is answered with an error, and the socket stays
-open. Everything a socket sends goes through its outbox, which bounds what a client that does
-not read can hold; however a socket ends, it leaves the change stream and
-the socket rechecks.
+events table. One replay is in flight per socket (a consumer handles its messages one at a
+time), and resumes are coalesced: one from no earlier than the socket's last replay, and
+less than ``RESUME_COALESCE_SECONDS`` after it, sends nothing again (the socket has been
+live since, and has had it all). A flood of resumes costs a replay or two per second, not
+one each; a page healing a hole in seq a second later is answered. Anything else a client sends is
+answered with an error, and the socket stays open. Everything a socket sends goes through
+its outbox, which bounds what a client that does not read can hold; however a socket ends,
+it leaves the change stream and the socket rechecks.
 """
 
 import json
+import time
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -25,6 +30,7 @@ from runs.sockets.recheck import REVOKED, Admission, rechecks
 
 MAX_COMMAND_CHARS = 1024  # a resume is some 40
 MAX_SEQ = 2**63 - 1  # seq is a bigint
+RESUME_COALESCE_SECONDS = 0.5  # a resume covered by a replay this recent sends nothing
 FELL_BEHIND = 4008  # the close code of a socket whose client stopped reading
 
 
@@ -61,6 +67,7 @@ class RunsConsumer(AsyncWebsocketConsumer):
     # change once and puts it in the outbox of every local socket that follows it.
     channel_layer_alias = None
     outbox = None
+    replayed: tuple[int, float] | None = None  # the last replay: its after, when it ended
 
     async def __call__(self, scope, receive, send):
         try:
@@ -120,7 +127,11 @@ class RunsConsumer(AsyncWebsocketConsumer):
         except InvalidCommand as problem:
             self.outbox.put(error_text(str(problem)))
             return
+        if (self.replayed is not None and after >= self.replayed[0]
+                and time.monotonic() - self.replayed[1] < RESUME_COALESCE_SECONDS):
+            return  # covered by the replay just made
         replay = await database_sync_to_async(selectors.replay)(after=after, run_id=self.run_id)
+        self.replayed = (after, time.monotonic())
         for text in replay:
             if self.outbox is None:
                 break

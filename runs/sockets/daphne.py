@@ -188,4 +188,12 @@ def serve(application, *, host: str, port: int) -> None:
 
     Server(application=application,
            endpoints=build_endpoint_description_strings(host=host, port=port),
-           verbosity=0).run()
+           verbosity=0, **TIMEOUTS).run()
+
+
+# Daphne's public timeouts, as the Procfile's web line sets them: a response may take 60 s
+# (a ?wait= is at most 30), a socket's application must accept within 5 s, and a socket
+# that answers no ping for 30 s is closed. Idle and slow-header connections are the
+# reverse proxy's to bound (README, Production): daphne has no option for them.
+TIMEOUTS = {"http_timeout": 60, "websocket_connect_timeout": 5, "ping_interval": 20,
+            "ping_timeout": 30}

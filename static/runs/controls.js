@@ -363,46 +363,73 @@ export function controls(apply) {
 // --- a form for the JSON Schema an agent declares -------------------------------------------
 
 // Fields for an object schema whose properties are strings, numbers, integers, booleans or
-// enums; false (and the page falls back to JSON) for anything else. The server checks the
+// enums; false (and the page falls back to JSON) for anything else, or for a schema the
+// form cannot follow. The schema is the agent's, so nothing in it is trusted: a keyword of
+// the wrong type or out of range is ignored, and a property's name is only ever a key of an
+// object with no prototype ("__proto__" is a name like any other). The server checks the
 // input against the schema on resume; the form only helps to write it.
+const LONGEST = 1000000;  // characters a field's maxLength may ask for; more is ignored
+
+function finite(value) {
+  return typeof value === "number" && Number.isFinite(value);
+}
+
+function ownEntries(object) {
+  return object && typeof object === "object" && !Array.isArray(object)
+    ? Object.entries(object) : [];
+}
+
 export function schemaForm(box, schema) {
-  const properties = schema && schema.type === "object" && schema.properties;
-  if (!properties) return false;
+  try {
+    return buildForm(box, schema);
+  } catch {
+    box.replaceChildren();
+    return false;
+  }
+}
+
+function buildForm(box, schema) {
+  const properties = schema && schema.type === "object" && ownEntries(schema.properties);
+  if (!properties || !properties.length) return false;
   const simple = ["string", "number", "integer", "boolean"];
-  if (!Object.values(properties).every((p) => p && (simple.includes(p.type) || p.enum))) return false;
-  const required = new Set(schema.required || []);
+  const typed = (p) => p && typeof p === "object" && (simple.includes(p.type) || Array.isArray(p.enum));
+  if (!properties.every(([, p]) => typed(p))) return false;
+  const required = new Set(Array.isArray(schema.required) ? schema.required.map(String) : []);
   box.replaceChildren(Object.assign(document.createElement("legend"), { textContent: "Input" }));
-  for (const [name, property] of Object.entries(properties)) {
+  for (const [name, property] of properties) {
     const label = document.createElement("label");
-    const title = property.title || name;
+    const title = typeof property.title === "string" && property.title ? property.title : name;
     label.append(`${title}${required.has(name) ? " *" : ""} `);
+    const longest = Number.isInteger(property.maxLength) && property.maxLength > 0
+      && property.maxLength <= LONGEST ? property.maxLength : null;
     let field;
-    if (property.enum) {
+    if (Array.isArray(property.enum)) {
       field = document.createElement("select");
       if (!required.has(name)) field.append(new Option("", ""));
       for (const value of property.enum) field.append(new Option(String(value), JSON.stringify(value)));
     } else if (property.type === "boolean") {
       field = Object.assign(document.createElement("input"), { type: "checkbox" });
       label.classList.add("check");
-    } else if (property.type === "string" && (property.maxLength || 0) > 200) {
+    } else if (property.type === "string" && (longest || 0) > 200) {
       field = Object.assign(document.createElement("textarea"), { rows: 3 });
+      field.maxLength = longest;
     } else {
       field = document.createElement("input");
       field.type = property.type === "string" ? "text" : "number";
       if (property.type === "integer") field.step = "1";
       if (property.type === "number") field.step = "any";
-      if (property.minimum !== undefined) field.min = property.minimum;
-      if (property.maximum !== undefined) field.max = property.maximum;
-      if (property.maxLength) field.maxLength = property.maxLength;
+      if (finite(property.minimum)) field.min = String(property.minimum);
+      if (finite(property.maximum)) field.max = String(property.maximum);
+      if (longest && property.type === "string") field.maxLength = longest;
     }
     field.name = `schema:${name}`;
     if (required.has(name) && property.type !== "boolean") field.required = true;
     if (property.default !== undefined) {
       if (field.type === "checkbox") field.checked = Boolean(property.default);
-      else field.value = property.enum ? JSON.stringify(property.default) : property.default;
+      else field.value = property.enum ? JSON.stringify(property.default) : String(property.default);
     }
     label.append(field);
-    if (property.description) {
+    if (typeof property.description === "string" && property.description) {
       label.append(Object.assign(document.createElement("small"), {
         className: "muted", textContent: property.description }));
     }
@@ -411,14 +438,16 @@ export function schemaForm(box, schema) {
   return true;
 }
 
+// The answer the form holds, built on an object with no prototype: every property of the
+// schema is an own key of it, "__proto__" included.
 export function formValue(box, schema) {
-  const value = {};
-  for (const [name, property] of Object.entries(schema.properties)) {
-    const field = box.querySelector(`[name="schema:${CSS.escape(name)}"]`);
+  const value = Object.create(null);
+  for (const [name, property] of ownEntries(schema.properties)) {
+    const field = [...box.querySelectorAll("[name]")].find((node) => node.name === `schema:${name}`);
     if (!field) continue;
     if (field.type === "checkbox") value[name] = field.checked;
     else if (field.value === "") continue;
-    else if (property.enum) value[name] = JSON.parse(field.value);
+    else if (Array.isArray(property.enum)) value[name] = JSON.parse(field.value);
     else if (property.type === "number" || property.type === "integer") value[name] = Number(field.value);
     else value[name] = field.value;
   }

@@ -12,7 +12,12 @@ for (const node of document.querySelectorAll("time[datetime]")) {
 
 const form = $("#review-form");
 if (form) {
-  const schema = JSON.parse($("#review-schema")?.textContent || "null");
+  let schema = null;
+  try {
+    schema = JSON.parse($("#review-schema")?.textContent || "null");
+  } catch {
+    schema = null;  // the raw-JSON answer is there for any schema
+  }
   const fields = form.querySelector('[data-field="schema-form"]');
   const raw = form.querySelector('[data-field="raw-input"]');
   const structured = fields && schema && schemaForm(fields, schema);

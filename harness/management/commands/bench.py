@@ -48,7 +48,7 @@ from harness.processes import (
     wait_until,
 )
 from runs import domain
-from runs.domain import keys, selectors, sql, throttle
+from runs.domain import keys, selectors, sql
 from runs.domain.attempts import renewal_chunks
 from runs.domain.core import Ending
 from runs.domain.overview import time_to_stop
@@ -805,8 +805,7 @@ def statements_bench(transitions: int) -> list:
     run, _ = domain.run_create(agent="demo.steps", dispatch=False, source="cli")
     user = get_user_model().objects.get_or_create(username="bench-sql")[0]
     key = keys.api_key_issue(user=user)
-    lookup = {"digest": keys.key_digest(key), "address": "127.0.0.1", "prefix": key[:8],
-              **throttle.lock_bounds(timezone.now())}
+    lookup = {"digest": keys.key_digest(key)}
 
     def lock_by_sql():
         with transaction.atomic():

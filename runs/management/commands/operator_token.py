@@ -1,5 +1,6 @@
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
@@ -22,12 +23,18 @@ class Command(BaseCommand):
     @transaction.atomic
     def handle(self, username, role, create, **options):
         User = get_user_model()
+        # As a login form reads it (NFKC): a full-width look-alike is the same name.
+        username = User.normalize_username(username)
         user = User.objects.filter(username=username).first()
         if user is None:
             if not create:
                 raise CommandError(f"No user {username!r}; pass --create to make one.")
             user = User(username=username)
             user.set_unusable_password()
+            try:  # the validators of the username, as createsuperuser runs them
+                user.full_clean(exclude=["password"])
+            except ValidationError as error:
+                raise CommandError("; ".join(error.messages)) from None
             user.save()
             role = role or "operator"
         if role:

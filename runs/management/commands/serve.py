@@ -45,6 +45,7 @@ class Command(BaseCommand):
         start_worker(concurrency)
         start_sweeper()
         self.stdout.write(f"awaken-site on http://{host}:{port}/", self.style.SUCCESS)
+        self.stdout.flush()
         daphne.serve(application, host=host, port=port)
 
     def ensure_admin(self):
@@ -55,6 +56,7 @@ class Command(BaseCommand):
         user = User.objects.create_superuser("admin", password=password)
         user.groups.add(Group.objects.get_or_create(name="operator")[0])
         self.stdout.write(f"Created operator 'admin' with password: {password}")
+        self.stdout.flush()  # at once, even when stdout is a file (block-buffered)
 
 
 def start_stub() -> StubServer:
