@@ -25,10 +25,11 @@ class RunsConfig(AppConfig):
         # only after this module.
         from runs.agents import demo  # noqa: F401  (registers the demo agents)
         from runs.changes import publishing
-        from runs.domain import outside
+        from runs.domain import outside, prices
         from runs.workers import dispatch
 
         outside.connect(workers=dispatch, changes=publishing)
+        prices.parse_prices(settings.AWAKEN_MODEL_PRICES)  # a bad table stops the start-up
         load_agents(settings.AWAKEN_AGENTS)
 
 
