@@ -157,7 +157,8 @@ def read(params) -> ListFilter:
         sort = "-created"
     result.sort = sort
     result.raw = {"status": result.statuses, "by_agent": result.agent, "q": result.q,
-                  "error": result.error, "ticket_reason": reason, "from": params.get("from", "") if result.since else "",
+                  "error": result.error, "ticket_reason": reason,
+                  "from": params.get("from", "") if result.since else "",
                   "to": params.get("to", "") if result.until else "",
                   "tz": params.get("tz", "") if (result.since or result.until) else "",
                   "sort": sort}
