@@ -464,6 +464,15 @@ AWAKEN_PROVIDER_MODEL = os.getenv("AWAKEN_PROVIDER_MODEL", "")
 # Seconds one try of a model call may take, first byte to last chunk; tries after the first.
 AWAKEN_PROVIDER_TIMEOUT = envnumber("AWAKEN_PROVIDER_TIMEOUT", "120", kind=float, minimum=0.1)
 AWAKEN_PROVIDER_MAX_RETRIES = envnumber("AWAKEN_PROVIDER_MAX_RETRIES", "3", minimum=0)
+# Prices of models the price table (genai-prices) does not know, or that one pays otherwise:
+# JSON, model name to {"input": …, "output": …} in US dollars per million tokens.
+AWAKEN_MODEL_PRICES = os.getenv("AWAKEN_MODEL_PRICES", "")
+# A provider still failing after the retries: "fail" the run, or "pause" it (ticket reason
+# provider) to be resumed once the provider is back.
+AWAKEN_ON_PROVIDER_ERROR = os.getenv("AWAKEN_ON_PROVIDER_ERROR", "fail").strip().lower()
+if AWAKEN_ON_PROVIDER_ERROR not in ("fail", "pause"):
+    raise ImproperlyConfigured("AWAKEN_ON_PROVIDER_ERROR must be fail or pause, not "
+                               f"{AWAKEN_ON_PROVIDER_ERROR!r}")
 # Pushes of streamed model output to a run's page per second (0: none).
 AWAKEN_LIVE_OUTPUT_PER_SECOND = envnumber("AWAKEN_LIVE_OUTPUT_PER_SECOND", "10", kind=float,
                                           minimum=0)

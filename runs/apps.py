@@ -26,10 +26,11 @@ class RunsConfig(AppConfig):
         # only after this module.
         from runs.agents import demo_agents_enabled
         from runs.changes import publishing
-        from runs.domain import outside
+        from runs.domain import outside, prices
         from runs.workers import dispatch
 
         outside.connect(workers=dispatch, changes=publishing)
+        prices.parse_prices(settings.AWAKEN_MODEL_PRICES)  # a bad table stops the start-up
         if demo_agents_enabled():
             import_module("runs.agents.demo")  # registers the demo agents
         load_agents(settings.AWAKEN_AGENTS)

@@ -33,7 +33,16 @@ class StopCode(models.TextChoices):
     MAX_STEPS = "max_steps", "Step budget"
     MAX_SECONDS = "max_seconds", "Time budget"
     MAX_TOKENS = "max_tokens", "Token budget"
+    MAX_COST = "max_cost", "Cost budget"
+    MAX_REPEATS = "max_repeats", "Repeat budget"  # the loop guard
     POLICY = "policy", "Policy"
+
+
+class OnExhausted(models.TextChoices):
+    """What reaching a budget does to a run (``budget.on_exhausted``)."""
+
+    STOP = "stop", "Stop"  # the run ends stopped with the budget's stop code
+    PAUSE = "pause", "Pause"  # the run awaits a resume that raises the budget
 
 
 class Source(models.TextChoices):
@@ -123,8 +132,19 @@ class Run(models.Model):
     max_steps = models.PositiveIntegerField(null=True, blank=True)
     max_seconds = models.FloatField(null=True, blank=True)
     max_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    max_cost_usd = models.FloatField(null=True, blank=True)
+    max_repeats = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Calls of one tool with the same arguments allowed.")
+    on_exhausted = models.CharField(max_length=8, choices=OnExhausted.choices,
+                                    default=OnExhausted.STOP)
     steps = models.PositiveIntegerField(default=0, help_text="Committed steps, all attempts.")
     tokens = models.PositiveBigIntegerField(default=0, help_text="Tokens used, all attempts.")
+    cost_usd = models.FloatField(
+        null=True, blank=True, default=0.0,
+        help_text="Cost of the committed steps' model calls; null once a model had no price.")
+    repeats = models.JSONField(
+        default=dict, blank=True,
+        help_text="Committed tool calls by action digest, counted while max_repeats is set.")
     seconds_used = models.FloatField(
         default=0, help_text="Running time of closed attempts; awaiting time does not count."
     )
@@ -191,6 +211,10 @@ class Run(models.Model):
                     | (~Q(state=RunState.AWAITING) & Q(ticket__isnull=True))
                 ),
                 name="runs_run_ticket_iff_awaiting",
+            ),
+            models.CheckConstraint(
+                condition=Q(on_exhausted__in=OnExhausted.values),
+                name="runs_run_on_exhausted_valid",
             ),
             models.CheckConstraint(
                 condition=Q(error__isnull=True) | Q(end_cause=EndCause.FAILED),
@@ -350,6 +374,13 @@ class TicketReason(models.TextChoices):
     MANUAL_PAUSE = "manual_pause", "Manual pause"
     APPROVAL = "approval", "Approval"
     INPUT = "input", "Input"
+    BUDGET = "budget", "Budget reached"  # budget.on_exhausted "pause"
+    PROVIDER = "provider", "Provider failing"  # AWAKEN_ON_PROVIDER_ERROR "pause"
+    LOOP = "loop", "Loop guard"  # budget.max_repeats
+
+
+# Tickets a bulk job may resume: their resume needs no input of its own.
+BULK_RESUMABLE = (TicketReason.PROVIDER, TicketReason.LOOP, TicketReason.MANUAL_PAUSE)
 
 
 class ResumeTicket(models.Model):
@@ -461,6 +492,14 @@ class ReviewLink(models.Model):
 class ControlAction(models.TextChoices):
     CANCEL = "cancel", "Cancel"
     STOP = "stop", "Stop"
+
+
+class BulkAction(models.TextChoices):
+    """What a bulk job asks of each run: a cancel or stop, or a resume of awaiting runs."""
+
+    CANCEL = "cancel", "Cancel"
+    STOP = "stop", "Stop"
+    RESUME = "resume", "Resume"
 
 
 class AppliedVia(models.TextChoices):
@@ -711,14 +750,15 @@ LIVE_BULK_STATES = (BulkState.QUEUED, BulkState.RUNNING)
 
 
 class BulkJob(models.Model):
-    """One cancel or stop asked of many runs at once, carried out by a worker run by run.
+    """One cancel, stop or resume asked of many runs at once, carried out by a worker run
+    by run.
 
     The job and its selection (``BulkItem``) are rows: the job goes on whatever happens to
     the web process that made it or the worker that runs it.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    action = models.CharField(max_length=16, choices=ControlAction.choices)
+    action = models.CharField(max_length=16, choices=BulkAction.choices)
     reason = models.TextField(null=True, blank=True)
     filter = models.JSONField(
         null=True, blank=True,
@@ -749,8 +789,8 @@ class BulkJob(models.Model):
                 condition=Q(state__in=BulkState.values), name="runs_bulk_state_valid"
             ),
             models.CheckConstraint(
-                condition=(Q(action=ControlAction.CANCEL)
-                           | Q(action=ControlAction.STOP, reason__isnull=False)),
+                condition=(Q(action__in=(BulkAction.CANCEL, BulkAction.RESUME))
+                           | Q(action=BulkAction.STOP, reason__isnull=False)),
                 name="runs_bulk_stop_has_reason",
             ),
             models.CheckConstraint(
@@ -828,6 +868,7 @@ class ActivityKind(models.TextChoices):
     PROGRESS = "progress", "Progress"  # ctx.progress(x, n): step x of n
     CONTROL = "control", "Control request"  # a live request taken by the attempt (a pause)
     ERROR = "error", "Error"  # the exception that failed the attempt, with its traceback
+    WARNING = "warning", "Warning"  # the run was told something it should know (no price)
     TRUNCATED = "truncated", "Truncated"  # the run reached its cap: later entries are dropped
 
 

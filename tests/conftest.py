@@ -1,3 +1,4 @@
+import json
 import shutil
 import subprocess
 import sys
@@ -244,12 +245,20 @@ def example_package(tmp_path_factory) -> Path:
     return target
 
 
+# A model of the stub with a price of its own on the agent site: dollars per million tokens.
+PRICED, PRICE_IN, PRICE_OUT = "echo+priced", 1000, 2000
+
+
 @pytest.fixture(scope="session")
 def agent_site(tmp_path_factory, provider_stub, example_package):
     """``manage.py serve`` whose agents call this session's provider stub with an API key,
     and which finds the example package by its entry point (nothing names it)."""
     env = {"AWAKEN_PROVIDER_BASE_URL": provider_stub.url, "AWAKEN_PROVIDER_MODEL": "echo",
-           "AWAKEN_PROVIDER_API_KEY": PROVIDER_KEY, "PYTHONPATH": str(example_package)}
+           "AWAKEN_PROVIDER_API_KEY": PROVIDER_KEY, "PYTHONPATH": str(example_package),
+           # A provider failing past its retries pauses the run (reason provider), and the
+           # stub's model PRICED has a price of its own (tests/test_budgets_live.py).
+           "AWAKEN_ON_PROVIDER_ERROR": "pause",
+           "AWAKEN_MODEL_PRICES": json.dumps({PRICED: {"input": PRICE_IN, "output": PRICE_OUT}})}
     with EmbeddedSite(tmp_path_factory.mktemp("agents"), extra_env=env) as site:
         yield site.wait_ready(40)
 

@@ -35,7 +35,9 @@ def test_create_returns_the_run(op_client):
     body = response.json()
     assert RUN_KEYS <= set(body)
     assert body["state"] == "queued" and body["generation"] == 0 and body["version"] == 1
-    assert body["budget"] == {"max_steps": 5, "max_seconds": None, "max_tokens": None}
+    assert body["budget"] == {"max_steps": 5, "max_seconds": None, "max_tokens": None,
+                              "max_cost_usd": None, "max_repeats": None, "on_exhausted": "stop"}
+    assert body["usage"]["cost_usd"] == 0
     assert body["usage"]["steps"] == 0
     assert Run.objects.get(pk=body["id"]).created_by.username == "olga"
 

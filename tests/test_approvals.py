@@ -151,6 +151,9 @@ class PausingHost:
     async def before_step(self, ctx):
         ctx.check()
 
+    def before_tool(self, ctx, tool, arguments, pending):
+        return action_digest(tool, arguments)  # no loop guard here
+
     async def commit_step(self, ctx, *, tokens, data=None):
         await sync_to_async(domain.attempt_step)(run_id=ctx.run_id,
                                 generation=ctx.generation, tokens=tokens,

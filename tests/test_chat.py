@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from runs.domain.actions import action_digest
 from runs.providers.client import ChatClient, ProviderConfig, ToolCall
 from runs.runtime.agent import Context, Interrupted, tool
 from runs.runtime.token import CancellationToken, Why
@@ -33,6 +34,9 @@ class Host:
 
     async def before_step(self, ctx):
         ctx.check()
+
+    def before_tool(self, ctx, tool, arguments, pending):
+        return action_digest(tool, arguments)  # no loop guard here
 
     async def commit_step(self, ctx, *, tokens, data):
         self.commits.append({"tokens": tokens, "data": data, "state": copy.deepcopy(ctx.state)})

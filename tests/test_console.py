@@ -55,14 +55,16 @@ def test_duration_of_a_run_not_running_is_its_running_time():
 
 def test_run_again_copies_agent_input_budget_and_thread_and_links_the_old_run(op_client):
     old = queued_run(agent="demo.fail", input={"steps": 3}, thread_id="t-9",
-                     budget={"max_steps": 4, "max_seconds": 2.5})
+                     budget={"max_steps": 4, "max_seconds": 2.5, "max_cost_usd": 0.5,
+                             "on_exhausted": "pause"})
     domain.run_stop(run_id=old.id, actor="olga", source="api", reason="try again")
     response = op_client.post(f"/api/runs/{old.id}/rerun/")
     assert response.status_code == 201, response.json()
     new = response.json()
     assert new["id"] != str(old.id) and new["rerun_of"] == str(old.id)
     assert (new["agent"], new["input"], new["thread_id"]) == ("demo.fail", {"steps": 3}, "t-9")
-    assert new["budget"] == {"max_steps": 4, "max_seconds": 2.5, "max_tokens": None}
+    assert new["budget"] == {"max_steps": 4, "max_seconds": 2.5, "max_tokens": None,
+                             "max_cost_usd": 0.5, "max_repeats": None, "on_exhausted": "pause"}
     assert (new["state"], new["version"]) == ("queued", 1)
     stored = Run.objects.get(pk=new["id"])
     assert stored.created_by.username == "olga" and stored.rerun_of_id == old.id

@@ -16,7 +16,7 @@ from runs.api.permissions import IsOperator
 from runs.api.serializers import NoBodySerializer, QueryInteger, StrictSerializer
 from runs.api.views import ERRORS, OperatorPostMixin, actor, query, source, validated
 from runs.domain.representation import bulk_data
-from runs.models import BulkState, ControlAction
+from runs.models import BulkAction, BulkState
 
 
 class SelectionSerializer(StrictSerializer):
@@ -47,14 +47,14 @@ class SelectionSerializer(StrictSerializer):
 
 
 class BulkCreateSerializer(SelectionSerializer):
-    action = serializers.ChoiceField(choices=ControlAction.values)
+    action = serializers.ChoiceField(choices=BulkAction.values)
     reason = serializers.CharField(
         required=False, allow_blank=True, allow_null=True, max_length=500,
         help_text="Why; required for a stop (1 to 500 characters).")
 
     def validate(self, data):
         data = super().validate(data)
-        if data["action"] == ControlAction.STOP and not (data.get("reason") or "").strip():
+        if data["action"] == BulkAction.STOP and not (data.get("reason") or "").strip():
             raise serializers.ValidationError({"reason": ["A stop needs a reason."]})
         return data
 
@@ -66,15 +66,16 @@ class BulkPreviewSerializer(serializers.Serializer):
 
 class BulkJobSerializer(serializers.Serializer):
     id = serializers.UUIDField()
-    action = serializers.ChoiceField(choices=ControlAction.values)
+    action = serializers.ChoiceField(choices=BulkAction.values)
     reason = serializers.CharField(allow_null=True)
     filter = serializers.JSONField(allow_null=True,
                                    help_text="The filters that chose the runs; null for ids.")
     state = serializers.ChoiceField(choices=BulkState.values)
     total = serializers.IntegerField(help_text="Runs selected.")
     done = serializers.IntegerField(help_text="Runs handled: applied + unchanged + refused.")
-    applied = serializers.IntegerField(help_text="The cancel or stop was recorded.")
-    unchanged = serializers.IntegerField(help_text="The run had already ended.")
+    applied = serializers.IntegerField(help_text="The cancel, stop or resume was recorded.")
+    unchanged = serializers.IntegerField(
+        help_text="The run had already ended (a resume: it was not awaiting).")
     refused = serializers.IntegerField(help_text="The request was refused for that run.")
     requested_by = serializers.CharField()
     source = serializers.CharField()

@@ -16,7 +16,16 @@ from rest_framework.settings import api_settings
 
 from runs.domain import catalogue, limits
 from runs.domain.runs import LIVE_COMMANDS, MAX_BATCH
-from runs.models import Action, EndCause, EventKind, RunState, Source, StopCode
+from runs.models import (
+    Action,
+    EndCause,
+    EventKind,
+    OnExhausted,
+    RunState,
+    Source,
+    StopCode,
+    TicketReason,
+)
 
 
 class StrictSerializer(serializers.Serializer):
@@ -55,7 +64,7 @@ class ActionSerializer(serializers.Serializer):
 
 class TicketSerializer(serializers.Serializer):
     id = serializers.UUIDField()
-    reason = serializers.CharField()
+    reason = serializers.ChoiceField(choices=TicketReason.choices)
     prompt = serializers.JSONField(allow_null=True)
     schema = serializers.JSONField(
         allow_null=True, help_text="JSON Schema the resume input must satisfy, if any.")
@@ -86,12 +95,23 @@ class BudgetSerializer(serializers.Serializer):
     max_steps = serializers.IntegerField(allow_null=True)
     max_seconds = serializers.FloatField(allow_null=True)
     max_tokens = serializers.IntegerField(allow_null=True)
+    max_cost_usd = serializers.FloatField(allow_null=True, help_text="US dollars.")
+    max_repeats = serializers.IntegerField(
+        allow_null=True,
+        help_text="Calls of one tool with the same arguments allowed (the loop guard).")
+    on_exhausted = serializers.ChoiceField(
+        choices=OnExhausted.choices,
+        help_text="Reaching a budget stops the run, or pauses it (ticket reason budget).")
 
 
 class UsageSerializer(serializers.Serializer):
     steps = serializers.IntegerField()
     tokens = serializers.IntegerField()
     seconds = serializers.FloatField()
+    cost_usd = serializers.FloatField(
+        allow_null=True,
+        help_text="US dollars of the committed steps' model calls; null when a model had "
+                  "no price (AWAKEN_MODEL_PRICES).")
 
 
 class RunSerializer(serializers.Serializer):
@@ -267,6 +287,10 @@ class RunListQuery(serializers.Serializer):
     agent = serializers.CharField(required=False, max_length=100)
     thread_id = serializers.CharField(required=False, max_length=200)
     parent_id = serializers.UUIDField(required=False)
+    ticket_reason = serializers.ChoiceField(
+        choices=TicketReason.values, required=False,
+        help_text="Awaiting runs whose open ticket has this reason (provider: paused for "
+                  "their model provider).")
     cursor = serializers.CharField(required=False, max_length=200)
     limit = QueryInteger(required=False, default=50, min_value=1, max_value=500)
 

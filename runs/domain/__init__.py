@@ -8,11 +8,13 @@ from them goes through ``runs.domain.outside``).
 
 from runs.domain.attempts import (
     Renewal,
+    attempt_budget_reached,
     attempt_expire,
     attempt_finish,
     attempt_interrupted,
     attempt_parent_gone,
     attempt_pause,
+    attempt_provider_failed,
     attempt_renew,
     attempt_start,
     attempt_step,
@@ -83,6 +85,8 @@ __all__ = [
     "attempts_start",
     "attempt_step",
     "attempt_stop_by_policy",
+    "attempt_budget_reached",
+    "attempt_provider_failed",
     "runs_redispatch",
     "sweep",
     "worker_report",

@@ -14,7 +14,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from runs.domain import outside, sql
+from runs.domain import activity, limits, outside, prices, sql
 from runs.domain.approvals import action_of
 from runs.domain.bulk import bulk_jobs_resend
 from runs.domain.core import (
@@ -35,6 +35,7 @@ from runs.domain.errors import Fenced, InvalidRequest
 from runs.domain.schemas import check_schema
 from runs.domain.text import short_id
 from runs.models import (
+    ActivityKind,
     AppliedVia,
     Attempt,
     AttemptState,
@@ -42,10 +43,12 @@ from runs.models import (
     ControlAction,
     ControlIntent,
     EventKind,
+    OnExhausted,
     ResumeTicket,
     Run,
     RunState,
     Source,
+    StopCode,
     TicketReason,
     WorkerProcess,
 )
@@ -96,15 +99,110 @@ def _locked_current(run_id, generation: int):
 
 def attempt_step(*, run_id, generation: int, tokens: int = 0, agent_state=None,
                  data: dict | None = None):
-    """Commit one step: the checkpoint a later attempt continues from."""
+    """Commit one step: the checkpoint a later attempt continues from.
+
+    Its model calls (``data["replies"]``, each with its model and usage) are priced
+    (``runs.domain.prices``) and added to the run's ``cost_usd``; a model with no price
+    makes the run's cost unknown (null) from then on, says so in the step's event, and
+    writes a warning to the run's activity the first time. With ``max_repeats`` set, the
+    step's tool calls (``data["tools"]``, by ``digest``) are added to the run's counts."""
+    data = dict(data or {})
     with transaction.atomic():
         run = _locked_current(run_id, generation)
         run.steps += 1
         run.tokens += max(0, int(tokens))
         run.agent_state = agent_state
-        record(run, EventKind.STEP, fields=("steps", "tokens", "agent_state"),
-               source="worker", data={"step": run.steps, "tokens": tokens, **(data or {})})
+        fields = ["steps", "tokens", "agent_state"]
+        replies = data.get("replies") or []
+        if replies:
+            cost, unpriced = prices.replies_cost(replies)
+            data["cost_usd"] = None if unpriced else cost
+            if unpriced:
+                data["unpriced_models"] = unpriced
+                if run.cost_usd is not None:
+                    activity.activity_record(run_id=run.pk, generation=generation, entries=[{
+                        "kind": ActivityKind.WARNING,
+                        "text": f"Cost unknown: no price for model {', '.join(unpriced)} "
+                                "(set AWAKEN_MODEL_PRICES).",
+                        "data": {"unpriced_models": unpriced}}])
+                run.cost_usd = None
+            elif run.cost_usd is not None:
+                run.cost_usd += cost
+            fields.append("cost_usd")
+        digests = [call["digest"] for call in data.get("tools") or () if call.get("digest")]
+        if digests and run.max_repeats is not None:
+            repeats = dict(run.repeats or {})
+            for digest in digests:
+                repeats[digest] = repeats.get(digest, 0) + 1
+            run.repeats = repeats
+            fields.append("repeats")
+        record(run, EventKind.STEP, fields=tuple(fields),
+               source="worker", data={"step": run.steps, "tokens": tokens, **data})
     return run
+
+
+def usage_of(run: Run) -> dict:
+    """A run's usage as a budget ticket's prompt says it."""
+    return {"steps": run.steps, "tokens": run.tokens, "seconds": round(run.duration, 3),
+            "cost_usd": run.cost_usd}
+
+
+def budget_of(run: Run) -> dict:
+    return {key: getattr(run, key) for key in limits.BUDGET_KEYS}
+
+
+def attempt_budget_reached(*, run_id, generation: int, code: str, reason: str,
+                           digest: str | None = None) -> ResumeTicket | bool:
+    """A budget of the run is reached (``code``: a stop code, ``reason``: what to read).
+
+    As the run asked (``on_exhausted``): it ends ``stopped`` with ``code``
+    (``attempt_stop_by_policy``), or it moves to ``awaiting`` with a ticket of reason
+    ``budget`` (``loop`` for the loop guard, ``code`` ``max_repeats``) whose prompt says
+    which limit and the usage so far, keeping the state of its last committed step. The
+    loop guard always pauses: a repeated call is a question for the operator, not an end.
+    Returns the ticket, or whether the stop was applied.
+    """
+    loop = code == StopCode.MAX_REPEATS
+    with transaction.atomic():
+        run = locked_run(run_id)
+        if run.state != RunState.RUNNING or run.generation != generation:
+            return False
+        if not loop and run.on_exhausted != OnExhausted.PAUSE:
+            return attempt_stop_by_policy(run_id=run_id, generation=generation, code=code,
+                                          reason=reason)
+        limit = next(key for key, stop in limits.STOP_CODES.items() if stop == code)
+        prompt = {"limit": limit, "stop_code": code, "message": reason,
+                  "budget": budget_of(run), "usage": usage_of(run)}
+        if loop:
+            prompt["digest"] = digest
+            prompt["message"] += (" Resume to let it go on (its count starts again), or "
+                                  "raise budget.max_repeats.")
+        else:
+            prompt["message"] += f" Resume with {{\"budget\": {{\"{limit}\": …}}}} to raise it."
+        return attempt_pause(run_id=run_id, generation=generation,
+                             reason=TicketReason.LOOP if loop else TicketReason.BUDGET,
+                             prompt=prompt, schema=None if loop else RAISE_SCHEMA,
+                             source=Source.POLICY, actor="policy")
+
+
+# What a resume of a ``budget`` ticket gives: the budgets to raise.
+RAISE_SCHEMA = {"type": "object", "required": ["budget"], "additionalProperties": False,
+                "properties": {"budget": {"type": "object"}}}
+
+
+def attempt_provider_failed(*, run_id, generation: int, error: str,
+                            status: int | None) -> ResumeTicket | bool:
+    """The provider kept failing past the client's retries. With
+    ``AWAKEN_ON_PROVIDER_ERROR=pause`` the run moves to ``awaiting`` with a ticket of reason
+    ``provider`` (the state of its last committed step kept), to be resumed once the
+    provider is back; otherwise it fails with ``error``."""
+    if settings.AWAKEN_ON_PROVIDER_ERROR != "pause":
+        return attempt_finish(run_id=run_id, generation=generation,
+                              ending=Ending.failed(error))
+    return attempt_pause(run_id=run_id, generation=generation, reason=TicketReason.PROVIDER,
+                         prompt={"message": f"{error} Resume once the provider is back.",
+                                 "error": error, "status": status},
+                         source=Source.POLICY, actor="policy")
 
 
 def attempt_pause(*, run_id, generation: int, reason: str = TicketReason.MANUAL_PAUSE,

@@ -1,8 +1,11 @@
-"""Bulk jobs: one cancel or stop asked of many runs, carried out on a worker.
+"""Bulk jobs: one cancel, stop or resume asked of many runs, carried out on a worker.
 
 The job and its selection are rows written in one transaction (``bulk_create``); a worker
-then handles the selected runs one by one (``bulk_job_run``), each through ``run_cancel`` or
-``run_stop`` in the name of whoever started the job. Each run is handled in a transaction
+then handles the selected runs one by one (``bulk_job_run``), each through ``run_cancel``,
+``run_stop`` or ``run_resume`` in the name of whoever started the job. A resume wakes
+awaiting runs whose ticket needs no input of its own (``BULK_RESUMABLE``: runs paused for
+their provider, by the loop guard or by an operator), e.g. every run paused for
+``provider`` once the provider is back. Each run is handled in a transaction
 of its own that also marks its item handled and counts it, under the job's row lock, so:
 
 * a run is handled and counted once, whatever runs the job again (a redelivered task
@@ -23,15 +26,16 @@ from django.utils import timezone
 from runs.domain import outside
 from runs.domain.core import after_commit
 from runs.domain.errors import BulkJobNotFound, InvalidRequest, ServiceError
-from runs.domain.runs import _clean_reason, run_cancel, run_stop
+from runs.domain.runs import _clean_reason, run_cancel, run_resume, run_stop
 from runs.domain.selectors import matching
 from runs.domain.text import quoted_id
 from runs.models import (
+    BULK_RESUMABLE,
     LIVE_BULK_STATES,
+    BulkAction,
     BulkItem,
     BulkJob,
     BulkState,
-    ControlAction,
     ItemOutcome,
     Run,
     RunState,
@@ -80,10 +84,10 @@ def bulk_create(*, action: str, reason: str | None = None, ids: list | None = No
                 source: str) -> BulkJob:
     """Make a bulk job over the selection (see ``bulk_selection``) and hand it to a worker
     once it commits. A stop needs a reason; an empty selection is refused."""
-    if action not in ControlAction.values:
+    if action not in BulkAction.values:
         raise InvalidRequest(f"Unknown action {action!r}.", field="action")
     reason = _clean_reason(reason)
-    if action == ControlAction.STOP and not reason:
+    if action == BulkAction.STOP and not reason:
         raise InvalidRequest("A stop needs a reason.", field="reason")
     selected = bulk_selection(ids=ids, criteria=criteria)
     if not selected:
@@ -162,16 +166,18 @@ def _handle(job_id, item_id, run_id) -> bool:
             return True
         who = {"actor": job.requested_by, "source": job.source}
         try:
-            if job.action == ControlAction.STOP:
-                result = run_stop(run_id=run_id, reason=job.reason, **who)
+            if job.action == BulkAction.RESUME:
+                item.outcome, item.detail = _resume(run_id, who)
             else:
-                result = run_cancel(run_id=run_id, reason=job.reason, **who)
+                if job.action == BulkAction.STOP:
+                    result = run_stop(run_id=run_id, reason=job.reason, **who)
+                else:
+                    result = run_cancel(run_id=run_id, reason=job.reason, **who)
+                ended = result.path == "ended"
+                item.outcome = ItemOutcome.UNCHANGED if ended else ItemOutcome.APPLIED
+                item.detail = result.path
         except ServiceError as error:
             item.outcome, item.detail = ItemOutcome.REFUSED, error.message
-        else:
-            ended = result.path == "ended"
-            item.outcome = ItemOutcome.UNCHANGED if ended else ItemOutcome.APPLIED
-            item.detail = result.path
         item.done_at = timezone.now()
         item.save(update_fields=["outcome", "detail", "done_at"])
         counter = {ItemOutcome.APPLIED: "applied", ItemOutcome.UNCHANGED: "unchanged",
@@ -182,6 +188,20 @@ def _handle(job_id, item_id, run_id) -> bool:
         job.version += 1
         job.save(update_fields=[counter, "done", "heartbeat_at", "version"])
     return True
+
+
+def _resume(run_id, who: dict) -> tuple[str, str]:
+    """Resume one run of a resume job with its open ticket: unchanged if it is not
+    awaiting any more, refused if its ticket asks for input of its own (an approval, a
+    budget to raise)."""
+    run = Run.objects.select_related("ticket").get(pk=run_id)
+    if run.state != RunState.AWAITING:
+        return ItemOutcome.UNCHANGED, f"not awaiting ({run.status_label})"
+    if run.ticket.reason not in BULK_RESUMABLE:
+        return ItemOutcome.REFUSED, (f"its ticket ({run.ticket.reason}) needs input of its "
+                                     "own: resume it on its page")
+    run_resume(run_id=run.pk, ticket_id=run.ticket_id, input=None, **who)
+    return ItemOutcome.APPLIED, "resumed"
 
 
 def _complete(job_id) -> None:

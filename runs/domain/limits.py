@@ -117,22 +117,39 @@ BUDGETS = (
     Budget("max_steps", integral=True, maximum=2**31 - 1),
     Budget("max_seconds", integral=False, maximum=315_360_000.0),  # ten years
     Budget("max_tokens", integral=True, maximum=2**63 - 1),
+    Budget("max_cost_usd", integral=False, maximum=1e9),  # US dollars
+    Budget("max_repeats", integral=True, maximum=2**31 - 1),  # the loop guard
 )
 BUDGET_KEYS = tuple(budget.key for budget in BUDGETS)
+BUDGET_BY_KEY = {budget.key: budget for budget in BUDGETS}
+# What reaching a budget does (``on_exhausted``): stored beside the budgets, not one of them.
+ON_EXHAUSTED = "on_exhausted"
+ON_EXHAUSTED_CHOICES = ("stop", "pause")
+# The stop code (and loop-guard ticket) of each budget.
+STOP_CODES = {"max_steps": "max_steps", "max_seconds": "max_seconds",
+              "max_tokens": "max_tokens", "max_cost_usd": "max_cost",
+              "max_repeats": "max_repeats"}
 
 
 def check_budget(budget) -> dict:
     """``budget`` (a JSON object, or None for none) as stored: the budgets it sets, each
-    checked against ``BUDGETS``; a key that is not a budget is refused."""
+    checked against ``BUDGETS``, and ``on_exhausted`` if given; a key that is not a budget
+    is refused."""
     if budget is None:
         return {}
     if not isinstance(budget, dict):
         raise InvalidRequest("budget must be a JSON object.", field="budget")
-    unknown = set(budget) - set(BUDGET_KEYS)
+    unknown = set(budget) - {*BUDGET_KEYS, ON_EXHAUSTED}
     if unknown:
         raise InvalidRequest(f"Unknown budget keys: {', '.join(sorted(map(str, unknown)))}.",
                              field="budget")
     clean = {}
+    policy = budget.get(ON_EXHAUSTED)
+    if policy is not None:
+        if policy not in ON_EXHAUSTED_CHOICES:
+            raise InvalidRequest(f"budget.{ON_EXHAUSTED} must be one of "
+                                 f"{', '.join(ON_EXHAUSTED_CHOICES)}.", field="budget")
+        clean[ON_EXHAUSTED] = policy
     for rule in BUDGETS:
         value = budget.get(rule.key)
         if value is None:
@@ -150,13 +167,37 @@ def check_budget(budget) -> dict:
     return clean
 
 
+def check_raised(current: dict, raised) -> dict:
+    """The budgets of ``raised`` (a resume's ``budget``, checked by ``check_budget``) that
+    are higher than ``current`` (the run's budgets, None for unset): the limits a resume
+    raises. A budget given no higher than it is, or a new ``on_exhausted``, is refused;
+    so is a resume that raises nothing. A budget the run did not have may be set."""
+    clean = check_budget(raised)
+    if ON_EXHAUSTED in clean:
+        raise InvalidRequest(f"A resume raises limits; budget.{ON_EXHAUSTED} stays as the "
+                             "run was made.", field="budget")
+    for key, value in clean.items():
+        if current.get(key) is not None and not value > current[key]:
+            raise InvalidRequest(f"budget.{key} must be raised above {current[key]:g} "
+                                 f"(it is {current[key]:g}).", field="budget")
+    if not clean:
+        raise InvalidRequest("Give the budget to raise: budget.max_steps, max_seconds, "
+                             "max_tokens, max_cost_usd or max_repeats.", field="budget")
+    return clean
+
+
 def budget_schema() -> dict:
     """``BUDGETS`` as the OpenAPI 3.0 schema of a request's ``budget`` object."""
     return {
         "type": "object", "additionalProperties": False,
-        "properties": {rule.key: {"type": "integer" if rule.integral else "number",
-                                  "nullable": True, "minimum": 0, "exclusiveMinimum": True,
-                                  "maximum": rule.maximum} for rule in BUDGETS},
+        "properties": {
+            **{rule.key: {"type": "integer" if rule.integral else "number",
+                          "nullable": True, "minimum": 0, "exclusiveMinimum": True,
+                          "maximum": rule.maximum} for rule in BUDGETS},
+            ON_EXHAUSTED: {"type": "string", "enum": list(ON_EXHAUSTED_CHOICES),
+                           "nullable": True,
+                           "description": "Reaching a budget stops the run (default) or "
+                                          "pauses it with a ticket of reason budget."}},
     }
 
 

@@ -45,6 +45,7 @@ from runs.models import (
     Run,
     RunState,
     StopCode,
+    TicketReason,
     TicketState,
 )
 
@@ -112,6 +113,7 @@ def run_rerun(*, run_id, created_by=None, idempotency_key: str | None = None,
     """
     old = run_get(run_id)
     budget = {key: getattr(old, key) for key in limits.BUDGET_KEYS if getattr(old, key) is not None}
+    budget[limits.ON_EXHAUSTED] = old.on_exhausted
     return run_create(agent=old.agent, input=old.input, thread_id=old.thread_id,
                       budget=budget, created_by=created_by, idempotency_key=idempotency_key,
                       source=source, rerun_of=old)
@@ -382,6 +384,7 @@ def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run
         if ticket.action is not None:
             decision = decision_of(ticket.action, input)
             input, decided = decision.stored(), decision.event_data(ticket.action)
+        changed = _resume_budget(run, ticket, input)
         ticket.state = TicketState.CONSUMED
         ticket.resume_input = input
         ticket.closed_at = timezone.now()
@@ -390,8 +393,35 @@ def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run
         run.ticket = None
         run.state = RunState.QUEUED
         run.dispatched_at = ticket.closed_at
-        record(run, EventKind.RESUMED, fields=("ticket", "state", "dispatched_at"),
+        record(run, EventKind.RESUMED, fields=("ticket", "state", "dispatched_at", *changed),
                actor=actor, source=source,
-               data={"ticket": str(ticket.pk), **decided})
+               data={"ticket": str(ticket.pk), **decided, **({"budget": {
+                   key: getattr(run, key) for key in changed if key in limits.BUDGET_KEYS}}
+                   if set(changed) & set(limits.BUDGET_KEYS) else {})})
         dispatch_after_commit(run)
     return run
+
+
+def _resume_budget(run: Run, ticket, input) -> list[str]:
+    """What a resume changes of the run's budget, set on ``run`` (unsaved); the fields.
+
+    A ``budget`` ticket needs ``{"budget": {…}}`` raising the limit that was reached (and
+    any other, checked by ``limits.check_raised``). A ``loop`` ticket may raise
+    ``max_repeats`` the same way; without it the run's counts of repeated calls start
+    again, so the run goes on. Other tickets change nothing here. Refused: InvalidRequest,
+    before anything is written."""
+    if ticket.reason not in (TicketReason.BUDGET, TicketReason.LOOP):
+        return []
+    given = input.get("budget") if isinstance(input, dict) else None
+    if ticket.reason == TicketReason.LOOP and given is None:
+        run.repeats = {}
+        return ["repeats"]
+    current = {key: getattr(run, key) for key in limits.BUDGET_KEYS}
+    raised = limits.check_raised(current, given)
+    reached = (ticket.prompt or {}).get("limit") if isinstance(ticket.prompt, dict) else None
+    if reached in limits.BUDGET_KEYS and reached not in raised:
+        raise InvalidRequest(f"The run reached budget.{reached}: raise it to go on.",
+                             field="budget")
+    for key, value in raised.items():
+        setattr(run, key, value)
+    return list(raised)

@@ -23,6 +23,7 @@ from runs.models import (
     ResumeTicket,
     Run,
     RunState,
+    TicketReason,
     TicketState,
 )
 
@@ -94,7 +95,7 @@ def id_range(prefix: str) -> tuple[uuid.UUID, uuid.UUID] | None:
 
 def matching(*, state=None, end_cause=None, status=(), agent=None, thread_id=None,
              parent_id=None, id_prefix=None, q=None, error=None, created_after=None,
-             created_before=None) -> Q:
+             created_before=None, ticket_reason=None) -> Q:
     """The condition of the run-list filters, all of them together:
 
     * ``state``, ``end_cause``: one each; ``status``: several states or end causes, any of
@@ -103,6 +104,7 @@ def matching(*, state=None, end_cause=None, status=(), agent=None, thread_id=Non
     * ``id_prefix``: the run id starts with it (the short id the list shows);
     * ``q``: a search: an id prefix, a thread id or an agent;
     * ``error``: failed runs whose error contains it, in any case;
+    * ``ticket_reason``: awaiting runs whose open ticket has that reason (``provider``);
     * ``created_after`` (inclusive), ``created_before`` (exclusive).
     """
     condition = Q()
@@ -132,6 +134,11 @@ def matching(*, state=None, end_cause=None, status=(), agent=None, thread_id=Non
         condition &= found
     if error is not None:
         condition &= Q(end_cause=EndCause.FAILED, error__icontains=error)
+    if ticket_reason is not None:
+        if ticket_reason not in TicketReason.values:
+            raise InvalidRequest(f"Unknown ticket reason {str(ticket_reason)[:40]!r}; give any "
+                                 f"of {', '.join(TicketReason.values)}.", field="ticket_reason")
+        condition &= Q(state=RunState.AWAITING, ticket__reason=ticket_reason)
     if created_after is not None:
         condition &= Q(created_at__gte=created_after)
     if created_before is not None:
@@ -333,6 +340,11 @@ class AttemptView:
     max_steps: int | None
     max_seconds: float | None
     max_tokens: int | None
+    cost_usd: float | None = 0.0
+    max_cost_usd: float | None = None
+    max_repeats: int | None = None
+    on_exhausted: str = "stop"
+    repeats: dict | None = None  # committed tool calls by digest (counted with max_repeats)
 
 
 def attempt_view(*, run: Run, generation: int) -> AttemptView:
@@ -356,7 +368,8 @@ def attempt_view(*, run: Run, generation: int) -> AttemptView:
         agent_state=run.agent_state,
         resume=ticket, steps=run.steps, tokens=run.tokens,
         seconds_used=run.seconds_used, max_steps=run.max_steps, max_seconds=run.max_seconds,
-        max_tokens=run.max_tokens,
+        max_tokens=run.max_tokens, cost_usd=run.cost_usd, max_cost_usd=run.max_cost_usd,
+        max_repeats=run.max_repeats, on_exhausted=run.on_exhausted, repeats=run.repeats or {},
     )
 
 

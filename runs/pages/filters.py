@@ -15,7 +15,7 @@ from django.core.exceptions import BadRequest
 
 from runs.domain import catalogue, limits
 from runs.domain.selectors import SORT_CHOICES
-from runs.models import EndCause, RunState
+from runs.models import EndCause, RunState, TicketReason
 
 STATUSES = [*(s for s in RunState.values if s != RunState.ENDED), *EndCause.values]
 SORTABLE = ("created", "started", "ended", "duration")
@@ -28,6 +28,7 @@ class ListFilter:
     agent: str = ""
     q: str = ""
     error: str = ""
+    ticket_reason: str = ""  # awaiting runs whose open ticket has this reason
     since: datetime | None = None  # created at or after
     until: datetime | None = None  # created before
     sort: str = "-created"
@@ -37,7 +38,7 @@ class ListFilter:
     @property
     def active(self) -> bool:
         return bool(self.statuses or self.agent or self.q or self.error or self.since
-                    or self.until)
+                    or self.until or self.ticket_reason)
 
     def matching(self) -> dict:
         """The arguments of ``selectors.matching`` (the search goes in ``q``)."""
@@ -48,6 +49,8 @@ class ListFilter:
             criteria["agent"] = self.agent
         if self.error:
             criteria["error"] = self.error
+        if self.ticket_reason:
+            criteria["ticket_reason"] = self.ticket_reason
         if self.since:
             criteria["created_after"] = self.since
         if self.until:
@@ -128,6 +131,11 @@ def read(params) -> ListFilter:
                             f"{MAX_TEXT} characters: ignored.")
             text = ""
         setattr(result, name, text)
+    reason = params.get("ticket_reason", "").strip()
+    if reason and reason not in TicketReason.values:
+        problems.append(f"Unknown ticket reason {reason[:40]!r}: ignored.")
+        reason = ""
+    result.ticket_reason = reason
     zone = UTC
     if params.get("tz"):
         zone = _zone(params["tz"]) or UTC
@@ -149,7 +157,8 @@ def read(params) -> ListFilter:
         sort = "-created"
     result.sort = sort
     result.raw = {"status": result.statuses, "by_agent": result.agent, "q": result.q,
-                  "error": result.error, "from": params.get("from", "") if result.since else "",
+                  "error": result.error, "ticket_reason": reason,
+                  "from": params.get("from", "") if result.since else "",
                   "to": params.get("to", "") if result.until else "",
                   "tz": params.get("tz", "") if (result.since or result.until) else "",
                   "sort": sort}

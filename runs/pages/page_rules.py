@@ -14,6 +14,10 @@ RESUME_WHY = {
     TicketReason.APPROVAL: "The agent asks for approval.",
     TicketReason.INPUT: "The agent asks for input.",
     TicketReason.MANUAL_PAUSE: "Paused by an operator.",
+    TicketReason.BUDGET: "A budget was reached: resuming needs a higher limit, "
+                         '{"budget": {"max_cost_usd": …}}.',
+    TicketReason.PROVIDER: "The model provider kept failing: resume once it is back.",
+    TicketReason.LOOP: "The loop guard: the same tool call repeated past max_repeats.",
 }
 
 

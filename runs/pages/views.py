@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from runs.domain import activity, bulk, catalogue, limits, review, selectors
 from runs.domain.errors import InvalidRequest, RunNotFound, ServiceError
 from runs.domain.roles import is_operator, is_viewer
-from runs.models import EventKind, Source
+from runs.models import EventKind, Source, TicketReason
 from runs.pages import filters, health
 from runs.pages import metrics as stop_metrics
 from runs.pages.page_rules import page_rules
@@ -66,6 +66,7 @@ def nested(runs: list) -> list:
 
 def page_context(request, **extra) -> dict:
     return {"can_control": is_operator(request.user), "agents": catalogue.names(),
+            "ticket_reasons": TicketReason.choices,
             "budgets": limits.BUDGETS, "page_rules": page_rules(), **extra}
 
 
@@ -192,7 +193,29 @@ def run_panel(run_id) -> dict:
                                     None),
             "reruns": list(selectors.runs().filter(rerun_of_id=run.id).select_related(None)
                            .order_by("created_at").only("id", "created_at")),
-            "review_links": review.review_links(run_id=run.id)}
+            "review_links": review.review_links(run_id=run.id),
+            "policy_reasons": POLICY_REASONS, "raise_limit": raise_limit(run)}
+
+
+# Tickets the host's policies open (not the agent or an operator): the page says why.
+POLICY_REASONS = (TicketReason.BUDGET, TicketReason.PROVIDER, TicketReason.LOOP)
+
+
+def raise_limit(run) -> dict | None:
+    """For a run paused at a budget (or by the loop guard): the budget reached, its value,
+    and a suggested new one (twice as much), for the page's form."""
+    ticket = run.ticket if run.ticket_id is not None else None
+    if ticket is None or ticket.reason not in (TicketReason.BUDGET, TicketReason.LOOP):
+        return None
+    prompt = ticket.prompt if isinstance(ticket.prompt, dict) else {}
+    rule = limits.BUDGET_BY_KEY.get(prompt.get("limit"))
+    if rule is None:
+        return None
+    current = getattr(run, rule.key)
+    suggested = None if current is None else min(rule.maximum, current * 2)
+    if suggested is not None and rule.integral:
+        suggested = int(max(suggested, current + 1))
+    return {"rule": rule, "current": current, "suggested": suggested}
 
 
 # The events after which a run is in a new state (a step or a request changes none).

@@ -33,10 +33,14 @@ ERROR_BODY_BYTES = 64 * 1024  # what is read of a refusal's body, for its messag
 class ProviderError(Exception):
     """The provider refused the call, or kept failing past the retries. Names no secret."""
 
-    def __init__(self, message: str, *, status: int | None = None, code: str | None = None):
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None,
+                 retries_exhausted: bool = False):
         super().__init__(message)
         self.status = status
         self.code = code
+        # True: every try failed in a way worth another (429, 5xx, a timeout, a dropped
+        # connection); the provider may be back later. False: it refused the call itself.
+        self.retries_exhausted = retries_exhausted
 
 
 class ProviderNotConfigured(ProviderError):
@@ -218,7 +222,8 @@ class ChatClient:
                 failure = error
             if tries > self.config.max_retries:
                 raise ProviderError(self.redact(f"The provider failed {tries} time(s); the "
-                                                f"last: {failure}"), status=failure.status)
+                                                f"last: {failure}"), status=failure.status,
+                                    retries_exhausted=True)
             delay = self.backoff(tries, failure.retry_after)
             if on_retry is not None:
                 on_retry(tries, delay)

@@ -7,7 +7,8 @@ what it does: a reply kind, then flags joined with ``+`` (``canned+pace=0.05``):
 * ``echo`` (and any name it does not know) answers "You said: <the last user message>";
   ``canned`` answers with the stub's canned reply for that message, or its default one.
 * Offered ``tools``, it first asks for each of them, with arguments made from the last user
-  message; once their results are in, it answers and quotes them.
+  message; once their results are in, it answers and quotes them. With ``loop`` it asks
+  for them again every time, with the same arguments: a model stuck in a loop.
 * ``words=N`` repeats the answer to N words; ``pace=S`` waits S seconds between chunks.
 * ``hang`` or ``hang=N``: after N chunks (1) it sends nothing more until its client goes, or
   until ``release()``, after which it sends the rest (a late chunk, if the client left). The
@@ -71,6 +72,7 @@ class Behaviour:
     fail_status: int | None = None
     fail_times: int = 1
     retry_after: str | None = None
+    loop: bool = False  # ask for the tools again whatever their results
 
     @classmethod
     def of(cls, model: str) -> "Behaviour":
@@ -90,6 +92,8 @@ class Behaviour:
                 options["fail_times"] = int(value)
             elif name == "retry-after":
                 options["retry_after"] = value
+            elif name == "loop":
+                options["loop"] = True
         return cls(**options)
 
 
@@ -279,7 +283,7 @@ class Stub:
                    if isinstance(m, dict) and m.get("role") == "tool"]
         prompt_tokens = sum(len(_text(m.get("content")).split()) for m in messages
                             if isinstance(m, dict))
-        if tools and not results:
+        if tools and (not results or behaviour.loop):
             calls = [_tool_call(tool, prompt, index) for index, tool in enumerate(tools)]
             return _Answer("", calls, prompt_tokens)
         if behaviour.reply == "canned":

@@ -56,10 +56,14 @@ class Decision:
 
 
 class BudgetExceeded(Exception):
-    def __init__(self, code: str, reason: str):
+    """A budget of the run is reached (``code``: its stop code); ``digest``: the repeated
+    call, for the loop guard. The host stops or pauses the run, as the run asked."""
+
+    def __init__(self, code: str, reason: str, digest: str | None = None):
         super().__init__(reason)
         self.code = code
         self.reason = reason
+        self.digest = digest
 
 
 class Agent:
@@ -88,7 +92,7 @@ class Context:
         self.input = input
         self.state: dict = dict(state or {})
         self.token = token
-        # The run's steps and tokens as last committed: set by the host at each commit.
+        # The run's steps, tokens and cost as last committed: set by the host at each commit.
         self.usage: dict | None = usage
         # The resume this attempt follows (runs.domain.selectors.Resumed: the ticket's
         # reason, the resume input, the action and who decided), until it is taken.
@@ -96,6 +100,7 @@ class Context:
         self._host = host
         self._step_tokens = 0
         self._step_data: dict = {}  # what the step's event records: replies, tool calls
+        self._step_calls: dict = {}  # the step's tool calls by digest, for the loop guard
         self._output: LiveOutput | None = None
 
     # --- the activity log ----------------------------------------------------------------
@@ -125,6 +130,7 @@ class Context:
         await self._host.before_step(self)
         self._step_tokens = 0
         self._step_data = {}
+        self._step_calls = {}
         started, at = time.perf_counter(), _now()
         yield
         self.check()
@@ -270,8 +276,10 @@ class Context:
         The call and its duration are recorded in the step's event."""
         return await self._timed(fn, args, kwargs, name=getattr(fn, "__name__", str(fn)))
 
-    async def _timed(self, fn: Callable, args, kwargs, *, name: str, call_id=None):
-        record: dict = {"name": name, **({"call_id": call_id} if call_id else {})}
+    async def _timed(self, fn: Callable, args, kwargs, *, name: str, call_id=None,
+                     digest: str | None = None):
+        record: dict = {"name": name, **({"call_id": call_id} if call_id else {}),
+                        **({"digest": digest} if digest else {})}
         started, at = time.perf_counter(), _now()
         try:
             if inspect.iscoroutinefunction(fn):
@@ -308,9 +316,11 @@ class Context:
                 "name": call.name, "call_id": call.id, "ok": False, "ms": 0.0,
                 "error": _capped(str(error), 500)[0]})
             return f"error: {error}"
+        digest = self._host.before_tool(self, found.name, arguments, self._step_calls)
+        self._step_calls[digest] = self._step_calls.get(digest, 0) + 1
         try:
             result = await self._timed(found.fn, (), arguments, name=found.name,
-                                       call_id=call.id)
+                                       call_id=call.id, digest=digest)
         except Interrupted:
             raise
         except Exception as error:

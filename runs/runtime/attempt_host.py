@@ -8,6 +8,7 @@ database threads, the tool threads, the children, the provider client.
 
 from runs import domain
 from runs.changes.publishing import publish_output
+from runs.domain.actions import action_digest
 from runs.domain.errors import Fenced
 from runs.runtime.activity_writer import ActivityWriter
 from runs.runtime.agent import BudgetExceeded, Context, Paused
@@ -24,6 +25,7 @@ class AttemptHost:
         self.activity_log = ActivityWriter(run_id=entry.run_id, generation=entry.generation,
                                            db=self.db)
         self.output_per_second = executor.output_per_second
+        self.repeats = dict(view.repeats or {})  # committed tool calls by digest
 
     # --- steps -----------------------------------------------------------------------
 
@@ -38,6 +40,22 @@ class AttemptHost:
             raise BudgetExceeded("max_steps", f"Step budget of {view.max_steps} reached.")
         if view.max_tokens is not None and ctx.usage["tokens"] >= view.max_tokens:
             raise BudgetExceeded("max_tokens", f"Token budget of {view.max_tokens} reached.")
+        cost = ctx.usage.get("cost_usd")
+        if view.max_cost_usd is not None and cost is not None and cost >= view.max_cost_usd:
+            raise BudgetExceeded("max_cost", f"Cost budget of ${view.max_cost_usd:g} reached "
+                                             f"(${cost:.6g} spent).")
+
+    def before_tool(self, ctx: Context, tool: str, arguments, pending: dict) -> str:
+        """The loop guard: the digest of a call of ``tool`` with ``arguments``; raise
+        ``BudgetExceeded`` (code ``max_repeats``) if the run's committed calls of that digest,
+        with the step's own (``pending``), would be more than ``max_repeats``."""
+        digest = action_digest(tool, arguments)
+        limit = self.view.max_repeats
+        if limit is not None and self.repeats.get(digest, 0) + pending.get(digest, 0) >= limit:
+            raise BudgetExceeded("max_repeats", f"The tool {tool} was called with the same "
+                                                f"arguments {limit} time(s) already (loop "
+                                                f"guard: max_repeats {limit}).", digest=digest)
+        return digest
 
     async def commit_step(self, ctx: Context, *, tokens: int, data: dict | None = None) -> None:
         try:
@@ -47,7 +65,8 @@ class AttemptHost:
         except Fenced:
             ctx.token.cancel(Why("fenced"))
             raise
-        ctx.usage = {"steps": run.steps, "tokens": run.tokens}
+        ctx.usage = {"steps": run.steps, "tokens": run.tokens, "cost_usd": run.cost_usd}
+        self.repeats = dict(run.repeats or {})
 
     # --- pauses and the live inbox ---------------------------------------------------------
 

@@ -29,7 +29,7 @@ from runs.domain import activity, selectors
 from runs.domain.catalogue import CATALOGUE
 from runs.domain.core import Ending
 from runs.domain.errors import Fenced
-from runs.providers.client import ChatClient, ProviderConfig
+from runs.providers.client import ChatClient, ProviderConfig, ProviderError
 from runs.runtime.agent import BudgetExceeded, Context, Interrupted, Paused
 from runs.runtime.attempt_host import AttemptHost
 from runs.runtime.children import Children
@@ -136,7 +136,8 @@ class Executor:
         try:
             ctx = Context(run_id=run_id, generation=generation, input=view.input,
                           state=view.agent_state, resume=view.resume, token=token, host=host,
-                          usage={"steps": view.steps, "tokens": view.tokens})
+                          usage={"steps": view.steps, "tokens": view.tokens,
+                                 "cost_usd": view.cost_usd})
             if view.max_seconds is not None:
                 left = max(0.0, view.max_seconds - view.seconds_used)
                 timer = self.loop.call_later(left, token.cancel, Why(
@@ -154,8 +155,9 @@ class Executor:
                 log.exception("run %s: could not record the end of attempt %s", run_id,
                               generation)
         except BudgetExceeded as budget:
-            await db(domain.attempt_stop_by_policy, run_id=run_id, generation=generation,
-                     code=budget.code, reason=budget.reason)
+            await host.activity_log.flushed()
+            await db(domain.attempt_budget_reached, run_id=run_id, generation=generation,
+                     code=budget.code, reason=budget.reason, digest=budget.digest)
         except (Paused, Fenced):
             pass
         except Exception as error:
@@ -165,7 +167,11 @@ class Executor:
                 ctx.record_activity("error", text=summary, data={
                     "traceback": traceback.format_exc()[-activity.TRACEBACK:]})
                 await host.activity_log.flushed()
-            await self._fail(run_id, generation, summary)
+            provider = _provider_failure(error)
+            if provider is not None:
+                await self._provider_failed(run_id, generation, summary, provider)
+            else:
+                await self._fail(run_id, generation, summary)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -178,7 +184,7 @@ class Executor:
         if why is None or why.kind == "fenced":
             return  # a fenced attempt commits nothing
         if why.kind == "budget":
-            await db(domain.attempt_stop_by_policy, run_id=run_id, generation=generation,
+            await db(domain.attempt_budget_reached, run_id=run_id, generation=generation,
                      code=why.code, reason=why.detail)
         elif why.kind == "parent":
             await db(domain.attempt_parent_gone, run_id=run_id, generation=generation,
@@ -188,12 +194,34 @@ class Executor:
             await db(domain.attempt_interrupted, run_id=run_id, generation=generation,
                      actor=why.actor, source=why.source, accepted_at=why.at)
 
+    async def _provider_failed(self, run_id, generation, error: str,
+                               failure: ProviderError):
+        """Fail the run, or pause it if the settings say so (``attempt_provider_failed``)."""
+        try:
+            await self.worker_loop.db(domain.attempt_provider_failed, run_id=run_id,
+                                      generation=generation, error=error,
+                                      status=failure.status)
+        except Exception:
+            log.exception("run %s: could not record its provider's failure", run_id)
+
     async def _fail(self, run_id, generation, error: str):
         try:
             await self.worker_loop.db(domain.attempt_finish, run_id=run_id,
                                       generation=generation, ending=Ending.failed(error))
         except Exception:
             log.exception("run %s: could not record its failure", run_id)
+
+
+def _provider_failure(error: BaseException) -> ProviderError | None:
+    """The provider error that kept failing past the retries behind ``error`` (raised by
+    the agent, or wrapped by its framework), if there is one."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ProviderError) and error.retries_exhausted:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 _executor: Executor | None = None

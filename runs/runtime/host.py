@@ -28,7 +28,13 @@ class Host(Protocol):
     async def before_step(self, ctx: Context) -> None:
         """At a step boundary: raise ``Interrupted`` if the token is cancelled, take a
         pause an operator asked for (raise ``Paused`` once it commits), raise
-        ``BudgetExceeded`` when a step or token budget is used up."""
+        ``BudgetExceeded`` when a step, token or cost budget is used up."""
+
+    def before_tool(self, ctx: Context, tool: str, arguments, pending: dict) -> str:
+        """Before a tool call the model asked for: its action digest
+        (``runs.domain.actions.action_digest``); raise ``BudgetExceeded`` (``max_repeats``)
+        when the run's committed calls of that digest and the step's ``pending`` ones
+        (digest to count) already reach the loop guard's limit."""
 
     async def commit_step(self, ctx: Context, *, tokens: int,
                           data: dict | None = None) -> None:

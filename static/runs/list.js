@@ -284,6 +284,8 @@ function listPage(table) {
     for (const field of form.querySelectorAll("[data-budget]")) {  // the server's budgets
       if (field.value) budget[field.name] = Number(field.value);
     }
+    const policy = form.querySelector("[data-budget-policy]");
+    if (policy && policy.value !== "stop") budget.on_exhausted = policy.value;
     submit.disabled = true;
     try {
       const run = await api("POST", "/api/runs/", { agent: form.agent.value, input, budget });

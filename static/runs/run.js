@@ -141,6 +141,24 @@ function panelActions(panel, page, control) {
       case "answer":
         control.openResume(row);
         break;
+      case "resume-now":
+        await run(async () => {
+          page.apply((await send("POST", `/api/runs/${runId}/resume/`, {
+            ticket: row.dataset.ticket })).data);
+          toast("Resumed: the run goes on from its last committed step.");
+        });
+        break;
+      case "raise-budget": {
+        const field = panel.querySelector("[data-raise]");
+        if (!field.reportValidity()) break;
+        const budget = { [field.dataset.raise]: Number(field.value) };
+        await run(async () => {
+          page.apply((await send("POST", `/api/runs/${runId}/resume/`, {
+            ticket: row.dataset.ticket, input: { budget } })).data);
+          toast("Budget raised: the run goes on from its last committed step.");
+        });
+        break;
+      }
       case "make-link":
         await run(async () => {
           const link = (await send("POST", `/api/runs/${runId}/review-links/`, {})).data;

@@ -14,7 +14,7 @@ def forget_prefix_counts(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0021_ticket_action'),
+        ('runs', '0022_budget_cost'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
