@@ -611,3 +611,10 @@ def test_a_404_quotes_no_more_of_the_id_than_an_id_takes(op_client):
                     else op_client.post(path, {}, format="json"))
         assert response.status_code == 404
         assert len(response.content) < 300, response.content[:300]
+
+
+def test_the_schema_documents_review_links(viewer_client):
+    document = yaml.safe_load(viewer_client.get("/api/schema/").content)
+    review = document["paths"]["/review/{token}/"]
+    assert review["get"]["operationId"] == "review_retrieve"
+    assert review["post"]["operationId"] == "review_answer"
