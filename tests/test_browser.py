@@ -14,8 +14,20 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason="needs Debian's chromium (apt-get install chromium)")
 
 
+def answer_dialogs(page):
+    """Accept every native dialog (a cancel's confirm()), or dismiss them while
+    ``page.accepting`` is False; ``page.dialogs`` keeps their messages."""
+    page.dialogs, page.accepting = [], True
+
+    def answer(dialog):
+        page.dialogs.append(dialog.message)
+        dialog.accept() if page.accepting else dialog.dismiss()
+    page.on("dialog", answer)
+    return page
+
+
 def logged_in(browser, site, username="admin", password=None):
-    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page = answer_dialogs(browser.new_page(viewport={"width": 1280, "height": 800}))
     page.set_default_timeout(10_000)
     page.goto(f"{site.base}/")
     assert "/accounts/login/" in page.url  # anonymous visitors go to the login form

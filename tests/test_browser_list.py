@@ -12,6 +12,7 @@ import pytest
 from harness.processes import ROOT
 from tests.accessibility import serious_violations
 from tests.conftest import CHROMIUM
+from tests.test_browser import answer_dialogs
 
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
@@ -27,7 +28,7 @@ class Tab:
         touch = viewport["width"] < 500
         self.context = browser.new_context(viewport=viewport, has_touch=touch,
                                            is_mobile=touch, **context)
-        self.page = self.context.new_page()
+        self.page = answer_dialogs(self.context.new_page())
         self.page.set_default_timeout(15_000)
         self.site = site
         self.errors = []

@@ -4,6 +4,7 @@ failures and Run again; the admin's run page and the API docs for a visitor not 
 Each page is scanned with axe-core, and no page may log a script error."""
 
 import re
+import time
 
 import pytest
 
@@ -58,8 +59,9 @@ def test_a_pause_that_waits_for_its_step_says_so(page, embedded_site):
     page.wait_for_selector(f'{row}[data-state="running"]')
     page.click(f'{row} [data-action="pause"]')
     page.wait_for_selector("#toast:has-text('takes effect when the current step ends')")
-    button = f'{row} [data-action="pause"]'
-    page.wait_for_selector(f"{button}:disabled:has-text('requested')")
+    button = f'{row}[data-pending="pause"] [data-action="pause"]'
+    page.wait_for_selector(f"{button}:disabled:text-is('Pause')")
+    page.wait_for_selector(f'{row} [data-field="pending"]:has-text("Pause requested")')
     # The request is on record at once: in the activity log and under control requests.
     page.wait_for_selector('.activity-log li[data-kind="control"]:has-text("pause requested")')
     page.wait_for_selector('tr[data-action-kind="pause"]:has-text("admin")')
@@ -124,6 +126,11 @@ def test_input_output_and_prompt_are_shown_as_json(page, embedded_site):
 def test_reject_answers_an_approval_no(page, embedded_site):
     _, row = open_run(page, embedded_site, "demo.approval", {"steps_before": 1})
     page.wait_for_selector(f'{row}[data-state="awaiting"]')
+    page.accepting = False  # a dismissed confirm rejects nothing
+    page.click('[data-run-action="reject"]')
+    assert page.dialogs[-1].startswith("Reject the request of run")
+    assert page.get_attribute(row, "data-state") == "awaiting"
+    page.accepting = True
     page.click('[data-run-action="reject"]')
     page.wait_for_selector(f'{row}[data-end-cause="failed"]')
     assert "not approved" in page.text_content(".failure .error-text")
@@ -152,20 +159,50 @@ def test_the_run_page_and_its_dialogs_fit_the_screen(page, embedded_site, size):
     page.wait_for_selector(f'{row}[data-end-cause="stopped"]')
 
 
-def test_cancel_waits_for_undo_and_buttons_wait_for_their_answer(page, embedded_site):
+def test_cancel_is_sent_at_once_after_a_confirm_and_a_dismissed_one_sends_nothing(
+        page, embedded_site):
     run_id, row = open_run(page, embedded_site, "demo.hang")
     page.wait_for_selector(f'{row}[data-state="running"]')
+    sent = []
+    page.on("request", lambda r: sent.append(r.url) if "/cancel/" in r.url else None)
+    page.accepting = False
     page.click(f'{row} [data-action="cancel"]')
-    page.wait_for_selector(f'{row} [data-action="cancel"]:disabled')
-    page.click('.toast.notice [data-notice="undo"]')
-    page.wait_for_selector(f'{row} [data-action="cancel"]:enabled')
-    page.wait_for_selector("#toast:has-text('was not cancelled')")
-    assert page.get_attribute(row, "data-state") == "running"
-    # "Cancel now" sends it at once; the button stays disabled until the answer.
+    assert "cannot be undone" in page.dialogs[-1]
+    status, run = embedded_site.call("GET", f"/api/runs/{run_id}/")
+    assert (sent, run["state"], run["control"]) == ([], "running", None)
+    page.accepting = True
+    clicked = time.monotonic()
     page.click(f'{row} [data-action="cancel"]')
-    page.click('.toast.notice [data-notice="now"]')
-    page.wait_for_selector(f'{row}[data-end-cause="cancelled"]')
+    page.wait_for_selector(f'{row}[data-end-cause="cancelled"]', timeout=3_000)
+    assert time.monotonic() - clicked < 3.0
+    assert len(sent) == 1 and not page.is_visible(".toast.notice")  # no undo, no delay
     assert embedded_site.call("GET", f"/api/runs/{run_id}/")[1]["end_cause"] == "cancelled"
+    page.wait_for_selector("#toast:has-text('is cancelled')")
+
+
+def test_a_stop_dialog_open_when_the_run_ends_by_itself_says_nothing_was_stopped(
+        page, embedded_site):
+    run_id, row = open_run(page, embedded_site, "demo.steps", {"steps": 4, "step_seconds": 0.4})
+    page.wait_for_selector(f'{row}[data-state="running"]')
+    page.click(f'{row} [data-action="stop"]')
+    page.fill('[name="reason"]', "too slow")
+    page.wait_for_selector(f'{row}[data-end-cause="completed"]')
+    page.wait_for_selector("#stop-dialog[open] [data-field='dialog-error']:has-text("
+                           "'had already completed; nothing was stopped')")
+    assert not page.is_visible('[data-action="confirm-stop"]')
+    assert page.text_content('#stop-dialog button[value="cancel"]') == "Close"
+    assert embedded_site.call("GET", f"/api/runs/{run_id}/")[1]["control"] is None
+    page.click('#stop-dialog button[value="cancel"]')
+    # A request answered by a run that had ended says the same, whichever request it was.
+    said = page.evaluate("""async id => {
+        const { alreadyEnded } = await import("/static/runs/controls.js");
+        const run = { id, state: "ended", end_cause: "completed" };
+        return [alreadyEnded(run, "stop"), alreadyEnded(run, "cancel"),
+                alreadyEnded({ ...run, end_cause: "cancelled" }, "cancel")];
+    }""", run_id)
+    short = run_id[:8]
+    assert said == [f"Run {short} had already completed; nothing was stopped.",
+                    f"Run {short} had already completed; nothing was cancelled.", None]
 
 
 def test_the_activity_log_grows_live_with_steps_calls_and_log_lines(page, embedded_site):
@@ -291,22 +328,30 @@ def test_the_api_docs_ask_a_visitor_to_log_in(browser, embedded_site):  # noqa: 
     page.close()
 
 
-def test_on_the_list_too_cancel_waits_for_undo_and_pause_says_it_waits(page, embedded_site):
-    _, slow = embedded_site.call("POST", "/api/runs/", {
-        "agent": "demo.steps", "input": {"steps": 3, "step_seconds": 4}})
-    row = f'tr.run[data-run-id="{slow["id"]}"]'
+def test_a_pause_waiting_on_a_hung_step_shows_from_server_state_until_cancel_ends_it(
+        page, embedded_site):
+    _, hung = embedded_site.call("POST", "/api/runs/", {"agent": "demo.hang", "input": {}})
+    row = f'tr.run[data-run-id="{hung["id"]}"]'
     page.wait_for_selector(f'{row}[data-state="running"]')
-    page.click(f'{row} [data-action="cancel"]')
-    page.wait_for_selector(f'{row} [data-action="cancel"]:disabled:has-text("Cancelling")')
-    page.click(f'.toast.notice[data-for="{slow["id"]}"] [data-notice="undo"]')
-    page.wait_for_selector(f'{row} [data-action="cancel"]:enabled')
+    labels = page.eval_on_selector_all(f"{row} button[data-action]",
+                                       "bs => bs.map(b => b.textContent)")
     page.click(f'{row} [data-action="pause"]')
     page.wait_for_selector("#toast:has-text('takes effect when the current step ends')")
-    page.wait_for_selector(f"{row} [data-action=\"pause\"]:disabled:has-text('requested')")
-    page.wait_for_selector(f'{row}[data-state="awaiting"]', timeout=15_000)
+    page.wait_for_selector(f'{row}[data-pending="pause"] [data-action="pause"]:disabled')
+    page.reload()  # from server state: the list keeps it
+    page.wait_for_selector('#live[data-status="live"]')
+    page.wait_for_selector(f'{row}[data-pending="pause"]')
+    note = page.locator(f'{row} [data-field="pending"]')
+    page.wait_for_function("n => /running for \\d/.test(n.textContent)",
+                           arg=note.element_handle())
+    assert "Cancel or Stop ends the run now" in note.text_content()
+    assert page.is_disabled(f'{row} [data-action="pause"]')
+    assert page.eval_on_selector_all(f"{row} button[data-action]",
+                                     "bs => bs.map(b => b.textContent)") == labels
+    clicked = time.monotonic()
     page.click(f'{row} [data-action="cancel"]')
-    page.click(f'.toast.notice[data-for="{slow["id"]}"] [data-notice="now"]')
-    page.wait_for_selector(f'{row}[data-end-cause="cancelled"]')
+    page.wait_for_selector(f'{row}[data-end-cause="cancelled"][data-pending=""]', timeout=3_000)
+    assert time.monotonic() - clicked < 3.0
 
 
 HOSTILE_SCHEMA = {"type": "object", "required": ["__proto__", "note"], "properties": {

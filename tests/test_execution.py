@@ -362,6 +362,8 @@ def test_the_live_inbox_takes_messages_and_wakes_in_order(worker, api):
     assert run.end_cause == "completed"
     assert run.output == {"messages": [{"n": 1}, ["two", 2], {"done": True}]}
     assert run.steps == 4  # the wake is a step with no message
+    steps = Event.objects.filter(run_id=run_id, kind=EventKind.STEP).order_by("seq")
+    assert [(e.actor, e.source) for e in steps] == [("olga", "api")] * 4  # the caller's
     assert_one_clean_end(run_id)
 
 

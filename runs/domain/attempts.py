@@ -98,14 +98,16 @@ def _locked_current(run_id, generation: int):
 
 
 def attempt_step(*, run_id, generation: int, tokens: int = 0, agent_state=None,
-                 data: dict | None = None):
+                 data: dict | None = None, actor: str | None = None,
+                 source: str = "worker"):
     """Commit one step: the checkpoint a later attempt continues from.
 
     Its model calls (``data["replies"]``, each with its model and usage) are priced
     (``runs.domain.prices``) and added to the run's ``cost_usd``; a model with no price
     makes the run's cost unknown (null) from then on, says so in the step's event, and
     writes a warning to the run's activity the first time. With ``max_repeats`` set, the
-    step's tool calls (``data["tools"]``, by ``digest``) are added to the run's counts."""
+    step's tool calls (``data["tools"]``, by ``digest``) are added to the run's counts. ``actor`` and ``source``: who caused the step, when a
+    live delivery (a message or a wake) led to it."""
     data = dict(data or {})
     with transaction.atomic():
         run = _locked_current(run_id, generation)
@@ -137,7 +139,7 @@ def attempt_step(*, run_id, generation: int, tokens: int = 0, agent_state=None,
             run.repeats = repeats
             fields.append("repeats")
         record(run, EventKind.STEP, fields=tuple(fields),
-               source="worker", data={"step": run.steps, "tokens": tokens, **data})
+               actor=actor, source=source, data={"step": run.steps, "tokens": tokens, **data})
     return run
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import F, Field, Func, IntegerField, Q, Value
+from django.db.models import F, Field, Func, IntegerField, Max, Q, Value
 from django.db.models.lookups import GreaterThan, LessThan
 
 from runs.domain import sql
@@ -16,6 +16,8 @@ from runs.domain.errors import InvalidRequest, RunNotFound
 from runs.domain.representation import PAYLOAD, change_text, snapshot_text
 from runs.domain.text import quoted_id
 from runs.models import (
+    Activity,
+    ActivityKind,
     ControlIntent,
     EndCause,
     Event,
@@ -457,3 +459,38 @@ def run_tree(run: Run, *, levels: int = 5) -> list[tuple[int, Run]]:
 
     walk(run.id, 0)
     return tree
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A request a run took that has not applied yet: a pause waiting for its step boundary,
+    a cancel or stop not yet committed. ``step_since``: when the step it waits on began."""
+
+    action: str
+    step_since: datetime | None
+
+
+def pending_requests(runs_shown) -> dict:
+    """For the live runs among ``runs_shown``: run id -> Pending, from committed state (a
+    pending cancel or stop is the run's unapplied control request; a pending pause is one
+    its current attempt took, as it is still running: a pause ends the attempt)."""
+    live = [run for run in runs_shown if run.state != RunState.ENDED]
+    found = {}
+    for run in live:
+        control = run.control if run.control_id is not None else None
+        if control is not None and control.applied_at is None:
+            found[run.id] = control.action
+    running = {run.id: run.generation for run in live
+               if run.state == RunState.RUNNING and run.id not in found}
+    if running:
+        taken = (Activity.objects.filter(run_id__in=running, kind=ActivityKind.CONTROL)
+                 .values_list("run_id", "generation", "data"))
+        for run_id, generation, data in taken:
+            if generation == running[run_id] and (data or {}).get("action") == "pause":
+                found[run_id] = "pause"
+    if not found:
+        return {}
+    begun = dict(Event.objects.filter(run_id__in=found,
+                                      kind__in=(EventKind.STARTED, EventKind.STEP))
+                 .values("run_id").annotate(last=Max("at")).values_list("run_id", "last"))
+    return {run_id: Pending(action, begun.get(run_id)) for run_id, action in found.items()}

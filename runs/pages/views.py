@@ -64,6 +64,15 @@ def nested(runs: list) -> list:
     return ordered
 
 
+def with_pending(runs: list) -> list:
+    """Mark each run with ``pending``: its request not applied yet (``selectors.Pending``),
+    or None; the row shows it from server state, so a reload keeps it."""
+    found = selectors.pending_requests(runs)
+    for run in runs:
+        run.pending = found.get(run.id)
+    return runs
+
+
 def page_context(request, **extra) -> dict:
     return {"can_control": is_operator(request.user), "agents": catalogue.names(),
             "ticket_reasons": TicketReason.choices,
@@ -90,8 +99,9 @@ def index(request):
     chosen = filters.read(request.GET)
     runs, cursor = page_of_runs(request, chosen)
     return render(request, "runs/index.html", page_context(
-        request, runs=nested(runs), cursor=cursor, filter=chosen, statuses=filters.STATUSES,
-        sorts=sort_links(chosen), query=chosen.query(), api_filter=chosen.api()))
+        request, runs=with_pending(nested(runs)), cursor=cursor, filter=chosen,
+        statuses=filters.STATUSES, sorts=sort_links(chosen), query=chosen.query(),
+        api_filter=chosen.api()))
 
 
 MAX_ASKED = 100  # runs a live list may ask about at once
@@ -113,11 +123,11 @@ def rows(request):
         found = selectors.runs_among(ids=ids, filters=chosen.matching(), search=chosen.q)
         for run in found:
             run.depth, run.child_count = 0, 0
-        return render(request, "runs/_rows.html", page_context(request, runs=found,
-                                                               cursor=None))
+        return render(request, "runs/_rows.html", page_context(
+            request, runs=with_pending(found), cursor=None))
     runs, cursor = page_of_runs(request, chosen)
     return render(request, "runs/_rows.html", page_context(
-        request, runs=nested(runs), cursor=cursor, query=chosen.query()))
+        request, runs=with_pending(nested(runs)), cursor=cursor, query=chosen.query()))
 
 
 @viewer_required
@@ -177,7 +187,7 @@ def run_panel(run_id) -> dict:
         page = selectors.run_page(run_id=run_id)
     except RunNotFound:
         raise Http404("No such run.") from None
-    run = page["run"]
+    run = with_pending([page["run"]])[0]
     facts = activity.activity_facts(run_id=run.id)
     events = page["events"]
     changed = [event for event in events if event.kind in STATE_EVENTS]

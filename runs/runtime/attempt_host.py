@@ -26,6 +26,7 @@ class AttemptHost:
                                            db=self.db)
         self.output_per_second = executor.output_per_second
         self.repeats = dict(view.repeats or {})  # committed tool calls by digest
+        self.delivered = None  # the inbox item taken since the last step: its sender
 
     # --- steps -----------------------------------------------------------------------
 
@@ -59,9 +60,11 @@ class AttemptHost:
 
     async def commit_step(self, ctx: Context, *, tokens: int, data: dict | None = None) -> None:
         try:
+            delivered, self.delivered = self.delivered, None
             run = await self.db(domain.attempt_step, run_id=ctx.run_id,
                                 generation=ctx.generation, tokens=tokens, agent_state=ctx.state,
-                                data=data)
+                                data=data, actor=delivered.actor if delivered else None,
+                                source=(delivered and delivered.source) or "worker")
         except Fenced:
             ctx.token.cancel(Why("fenced"))
             raise
@@ -96,6 +99,7 @@ class AttemptHost:
                 await self.before_step(ctx)
             item = entry.take()
             if item is not None:
+                self.delivered = item  # the step it leads to names its sender
                 return item.message
             await ctx.race(entry.arrival())
 

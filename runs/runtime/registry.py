@@ -55,6 +55,8 @@ class Entry:
 @dataclass(frozen=True)
 class InboxItem:
     message: object  # the JSON sent with the command; None for a wake
+    actor: str | None = None  # who sent it, named on the step it causes
+    source: str | None = None
 
 
 class Registry:
@@ -119,9 +121,9 @@ class Registry:
             entry.pause_requested.set()
             entry.post(None)  # an attempt waiting on its inbox takes the pause at once
         elif command == "wake":
-            entry.post(InboxItem(None))
+            entry.post(InboxItem(None, actor, source))
         elif command == "message":
-            if not entry.post(InboxItem(message)):
+            if not entry.post(InboxItem(message, actor, source)):
                 return None
         else:
             raise ValueError(f"unknown command {command!r}")

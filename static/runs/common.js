@@ -17,8 +17,21 @@ export function csrfToken() {
   return cookie ? decodeURIComponent(cookie.split("=")[1]) : "";
 }
 
+// A request that never got an answer (server down, network lost), in human words.
+export const UNREACHABLE = "The server could not be reached, so the request may not have " +
+  "been received. Check the connection (the page reconnects by itself) and try again.";
+
+// fetch(), with a failure to reach the server said in human words.
+export async function reach(path, options) {
+  try {
+    return await fetch(path, options);
+  } catch {
+    throw new Error(UNREACHABLE);
+  }
+}
+
 export async function api(method, path, body) {
-  const response = await fetch(path, {
+  const response = await reach(path, {
     method,
     credentials: "same-origin",
     headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken() },
@@ -57,9 +70,47 @@ export class Live {
   }
 
   show(status, text) {
-    if (!this.indicator) return;
-    this.indicator.dataset.status = status;
-    this.indicator.textContent = text;
+    if (this.indicator) {
+      this.indicator.dataset.status = status;
+      this.indicator.textContent = text;
+    }
+    // Once the socket was lost, the page says so until it is live again (not while the
+    // first connection is still being made).
+    const root = document.documentElement;
+    const was = root.dataset.connection;
+    const now = status === "live" ? "live" : status === "offline" || was === "offline" ? "offline" : status;
+    if (now !== was) {
+      root.dataset.connection = now;
+      this.banner(now === "offline");
+      document.dispatchEvent(new CustomEvent("connection", { detail: now }));
+    }
+    if (now === "offline") setField(this.banner(true), "retry", status === "offline" ? text : "reconnecting…");
+  }
+
+  // The page-level banner of a lost connection, with "Reconnect now".
+  banner(shown) {
+    let box = $("#offline-banner");
+    if (!box && shown) {
+      box = document.createElement("div");
+      box.id = "offline-banner";
+      box.className = "offline-banner";
+      box.setAttribute("role", "alert");
+      box.innerHTML = "<strong>Disconnected from the server:</strong> what you see may be " +
+        "stale, and the controls wait until the page is live again. " +
+        '<span class="muted" data-field="retry"></span> ' +
+        '<button type="button" data-action="reconnect">Reconnect now</button>';
+      box.querySelector("button").addEventListener("click", () => this.reconnect());
+      ($("#main") || document.body).prepend(box);
+    }
+    if (box) box.hidden = !shown;
+    return box;
+  }
+
+  reconnect() {
+    clearTimeout(this.retry);
+    if (this.socket && this.socket.readyState !== WebSocket.CLOSED) return;
+    this.delay = 500;
+    this.connect();
   }
 
   // The list socket carries every event, so seq has no holes but for rolled-back numbers:
@@ -77,6 +128,7 @@ export class Live {
   connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const socket = new WebSocket(`${scheme}://${location.host}${this.path}`);
+    this.socket = socket;
     this.show("connecting", "connecting…");
     socket.onopen = () => {
       this.delay = 500;
@@ -93,7 +145,7 @@ export class Live {
     };
     socket.onclose = () => {
       this.show("offline", `offline, retrying in ${Math.round(this.delay / 1000)} s`);
-      setTimeout(() => this.connect(), this.delay);
+      this.retry = setTimeout(() => this.connect(), this.delay);
       this.delay = Math.min(this.delay * 2, 15000);
     };
   }

@@ -1,16 +1,14 @@
 // The control buttons of a run's row (list and run page), the Stop and Resume dialogs, and
 // what each request shows while it goes: a button is disabled while its request is in
-// flight, a cancel waits a few seconds with Undo and "Cancel now", and a pause that waits
-// for the current step says so until the run is paused. Which buttons a run shows is the
-// server's rendering of the row (its `actions`); nothing here decides it.
+// flight, a cancel is sent at once after a native confirm(), and a request not applied yet
+// is the row's `data-pending` (the server's). Which buttons a run shows is the server's
+// rendering of the row (its `actions`); nothing here decides it.
 
-import { $, csrfToken, rules, setField, shortId, toast } from "./common.js";
-
-const CANCEL_GRACE_MS = 4000;
+import { $, csrfToken, reach, rules, setField, shortId, toast } from "./common.js";
 
 // A request to the REST API: {status, data}; an error answer throws with its detail.
 export async function send(method, path, body) {
-  const response = await fetch(path, {
+  const response = await reach(path, {
     method,
     credentials: "same-origin",
     headers: { "Content-Type": "application/json", Accept: "application/json",
@@ -43,64 +41,81 @@ export async function busy(button, work) {
   }
 }
 
-// A message with buttons at the bottom of the page (an undo); one at a time per run.
-function notice(id, text, choices) {
-  let box = document.querySelector(`.toast.notice[data-for="${id}"]`);
-  if (!box) {
-    box = document.createElement("div");
-    box.className = "toast notice";
-    box.dataset.for = id;
-    box.setAttribute("role", "status");
-    document.body.append(box);
-  }
-  box.replaceChildren(Object.assign(document.createElement("span"), { textContent: text }));
-  for (const [label, action] of choices) {
-    const button = Object.assign(document.createElement("button"), {
-      type: "button", textContent: label });
-    button.dataset.notice = action;
-    box.append(" ", button);
-  }
-  return box;
+// What a run's end means to someone who asked for another one: "had already completed".
+const HAD = { completed: "completed", failed: "failed", cancelled: "been cancelled",
+  stopped: "been stopped" };
+const ENDS = { cancel: "cancelled", stop: "stopped" };
+
+// The sentence for a run found ended by a request `action` (cancel, stop, pause), or null
+// when the request itself ended it.
+export function alreadyEnded(run, action) {
+  if (!run || run.state !== "ended" || run.end_cause === ENDS[action]) return null;
+  const verb = { cancel: "cancelled", stop: "stopped", pause: "paused" }[action];
+  return `Run ${shortId(run.id)} had already ${HAD[run.end_cause] || "ended"}; nothing was ${verb}.`;
 }
 
 export function controls(apply) {
   const stopDialog = $("#stop-dialog");
   const resumeDialog = $("#resume-dialog");
   const inFlight = new Set();  // "runId action" of requests not answered yet
-  const asked = new Map();  // runId -> {action, state}: taken, not yet in effect (a pause)
-  const cancels = new Map();  // runId -> timer of a cancel still in its grace period
-  let target = null;
+  let target = null;  // the id of the run the open dialog is about
 
-  const rows = (id) => document.querySelectorAll(`tr.run[data-run-id="${id}"]`);
+  const rowOf = (id) => document.querySelector(`tr.run[data-run-id="${id}"]`);
 
-  // Put each control button in the state its run's requests give it.
+  // Put each control button in the state its run's requests give it. Labels never change
+  // (the actions column keeps its width): a request in flight disables its button and
+  // marks it busy; a pending request (data-pending, the server's) disables its own button.
   function reflect() {
     for (const button of document.querySelectorAll("tr.run button[data-action]")) {
       const row = button.closest("tr.run");
-      const id = row.dataset.runId;
       const action = button.dataset.action;
-      if (!button.dataset.label) button.dataset.label = button.textContent;
-      const waiting = asked.get(id);
-      const pendingHere = waiting && waiting.action === action && waiting.state === row.dataset.state;
-      const cancelling = action === "cancel" && cancels.has(id);
-      const disabled = inFlight.has(`${id} ${action}`) || pendingHere || cancelling;
+      const flying = inFlight.has(`${row.dataset.runId} ${action}`);
+      const disabled = flying || row.dataset.pending === action || offline();
       if (button.disabled !== disabled) button.disabled = disabled;
-      const label = pendingHere ? `${button.dataset.label} requested…`
-        : cancelling ? "Cancelling…"
-          : inFlight.has(`${id} ${action}`) ? `${button.dataset.label}…` : button.dataset.label;
-      if (button.textContent !== label) button.textContent = label;  // (no mutation loop)
+      if (flying) button.setAttribute("aria-busy", "true");
+      else if (button.hasAttribute("aria-busy")) button.removeAttribute("aria-busy");
+    }
+    watchDialogs();
+  }
+  const offline = () => document.documentElement.dataset.connection === "offline";
+
+  // Rows change under us (pushes patch them, the run page re-renders its panel).
+  new MutationObserver(reflect).observe(document.body, {
+    subtree: true, childList: true, attributeFilter: ["data-state", "data-pending"] });
+  document.addEventListener("connection", reflect);
+
+  // A run that ends by itself (or is resumed elsewhere) while its dialog is open: the
+  // dialog says so and offers nothing to confirm.
+  function watchDialogs() {
+    const row = target && rowOf(target);
+    if (!row) return;
+    if (stopDialog?.open && row.dataset.state === "ended") {
+      const run = { id: target, state: "ended", end_cause: row.dataset.endCause };
+      settled(stopDialog, alreadyEnded(run, "stop") || `Run ${shortId(target)} is stopped.`);
+    }
+    if (resumeDialog?.open && row.dataset.state !== "awaiting") {
+      settled(resumeDialog, row.dataset.state === "ended"
+        ? `Run ${shortId(target)} ended (${row.dataset.endCause}) while this was open; there is nothing to resume.`
+        : `Run ${shortId(target)} is ${row.dataset.state} now: it was resumed elsewhere.`);
     }
   }
 
-  // Rows change under us (pushes patch them, the run page re-renders its panel): a request
-  // that took effect is forgotten, and the buttons are put right again.
-  new MutationObserver(() => {
-    for (const [id, waiting] of asked) {
-      const row = rows(id)[0];
-      if (row && row.dataset.state !== waiting.state) asked.delete(id);
+  // A dialog whose run moved on: the message, no confirming button, Back becomes Close.
+  function settled(dialog, message) {
+    setField(dialog, "dialog-error", message);
+    for (const button of dialog.querySelectorAll('button[type="submit"]')) button.hidden = true;
+    const back = dialog.querySelector('button[value="cancel"]');
+    if (back && back.textContent !== "Close") {
+      back.textContent = "Close";
+      back.focus();
     }
-    reflect();
-  }).observe(document.body, { subtree: true, childList: true, attributeFilter: ["data-state"] });
+  }
+
+  function unsettle(dialog) {
+    const back = dialog.querySelector('button[value="cancel"]');
+    if (back) back.textContent = "Back";
+    dialog.querySelector('button[value="confirm"]').hidden = false;
+  }
 
   async function act(id, action, path, body) {
     const key = `${id} ${action}`;
@@ -110,6 +125,8 @@ export function controls(apply) {
     try {
       const answer = await send("POST", path, body);
       apply(answer.data);
+      // A request taken but not applied changes no version: the row is asked for again.
+      if (answer.status === 202) document.dispatchEvent(new CustomEvent("runs:row", { detail: id }));
       return answer;
     } catch (problem) {
       if (problem.data && problem.data.run) apply(problem.data.run);
@@ -121,67 +138,26 @@ export function controls(apply) {
     }
   }
 
-  function cancelNow(id) {
-    clearTimeout(cancels.get(id));
-    cancels.delete(id);
-    const box = document.querySelector(`.toast.notice[data-for="${id}"]`);
-    if (box) {
-      clearInterval(box.ticker);
-      box.remove();
-    }
-    act(id, "cancel", `/api/runs/${id}/cancel/?wait=2`, {});
-  }
-
-  function cancelLater(id) {
-    if (cancels.has(id)) return;
-    const due = Date.now() + CANCEL_GRACE_MS;
-    const box = notice(id, "", [["Undo", "undo"], ["Cancel now", "now"]]);
-    const say = () => {
-      const left = Math.max(0, Math.ceil((due - Date.now()) / 1000));
-      box.firstChild.textContent = `Cancelling run ${shortId(id)} in ${left} s.`;
-    };
-    say();
-    const ticker = setInterval(say, 250);
-    cancels.set(id, setTimeout(() => {
-      clearInterval(ticker);
-      cancelNow(id);
-    }, CANCEL_GRACE_MS));
-    box.ticker = ticker;
-    box.querySelector("button")?.focus();
-    reflect();
+  // Cancel: sent at once (the durable intent is written first), after a native confirm().
+  async function cancel(id) {
+    if (!confirm(`Cancel run ${shortId(id)}? It ends now, marked cancelled; this cannot be undone.`)) return;
+    const answer = await act(id, "cancel", `/api/runs/${id}/cancel/?wait=2`, {});
+    if (!answer) return;
+    toast(alreadyEnded(answer.data, "cancel") || (answer.status === 202
+      ? `Cancel of run ${shortId(id)} recorded: the run ends as soon as its attempt stops.`
+      : `Run ${shortId(id)} is cancelled.`));
   }
 
   document.addEventListener("click", (event) => {
-    const choice = event.target.closest(".toast.notice [data-notice]");
-    if (choice) {
-      const id = choice.closest(".toast.notice").dataset.for;
-      if (choice.dataset.notice === "now") return cancelNow(id);
-      clearTimeout(cancels.get(id));
-      cancels.delete(id);
-      clearInterval(choice.closest(".toast.notice").ticker);
-      choice.closest(".toast.notice").remove();
-      toast(`Run ${shortId(id)} was not cancelled.`);
-      return reflect();
-    }
     const button = event.target.closest("tr.run [data-action]");
     if (!button || button.disabled) return;
     const row = button.closest("tr.run");
     const id = row.dataset.runId;
-    target = row;
     switch (button.dataset.action) {
-      case "cancel": cancelLater(id); break;
+      case "cancel": cancel(id); break;
       case "pause": pause(id); break;
       case "stop": openStop(id); break;
       case "resume": openResume(row); break;
-    }
-  });
-
-  // A cancel still in its grace period when the page goes away is sent on the way out.
-  addEventListener("pagehide", () => {
-    for (const id of cancels.keys()) {
-      fetch(`/api/runs/${id}/cancel/`, {
-        method: "POST", keepalive: true, credentials: "same-origin", body: "{}",
-        headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken() } });
     }
   });
 
@@ -189,8 +165,6 @@ export function controls(apply) {
     const answer = await act(id, "pause", `/api/runs/${id}/pause/?wait=2`);
     if (!answer) return;
     if (answer.status === 202) {
-      asked.set(id, { action: "pause", state: "running" });
-      reflect();
       toast("Pause requested: it takes effect when the current step ends.");
     } else {
       toast(`Run ${shortId(id)} is paused.`);
@@ -201,6 +175,8 @@ export function controls(apply) {
 
   function openStop(id) {
     if (!stopDialog) return;
+    target = id;
+    unsettle(stopDialog);
     setField(stopDialog, "stop-run", shortId(id));
     setField(stopDialog, "dialog-error", "");
     stopDialog.querySelector('[name="reason"]').value = "";
@@ -216,11 +192,18 @@ export function controls(apply) {
       setField(stopDialog, "dialog-error", "Give a reason.");
       return;
     }
-    const id = target.dataset.runId;
+    const id = target;
     await busy(event.submitter, async () => {
       try {
-        apply((await send("POST", `/api/runs/${id}/stop/?wait=2`, { reason })).data);
+        const answer = await send("POST", `/api/runs/${id}/stop/?wait=2`, { reason });
+        apply(answer.data);
+        if (answer.status === 202) document.dispatchEvent(new CustomEvent("runs:row", { detail: id }));
+        const already = alreadyEnded(answer.data, "stop");
+        if (already) return settled(stopDialog, already);
         stopDialog.close("done");
+        toast(answer.status === 202
+          ? `Stop of run ${shortId(id)} recorded: the run ends as soon as its attempt stops.`
+          : `Run ${shortId(id)} is stopped.`);
       } catch (problem) {
         setField(stopDialog, "dialog-error", problem.message);
       }
@@ -251,9 +234,10 @@ export function controls(apply) {
   async function openResume(row, wanted = "review") {
     if (!resumeDialog) return;
     const id = row.dataset.runId;
-    target = row;
+    target = id;
     ticket = null;
     mode = "review";
+    unsettle(resumeDialog);
     setField(resumeDialog, "resume-run", shortId(id));
     setField(resumeDialog, "dialog-error", "");
     setField(resumeDialog, "resume-why", "");
@@ -318,6 +302,9 @@ export function controls(apply) {
       setMode(choice);  // Reject asks for a reason first, then for a confirmation
       return;
     }
+    // Any other reject refuses what the run waits for: confirmed first, like a cancel.
+    if (choice === "reject" && !(ticket && ticket.action) &&
+        !confirm(`Reject the request of run ${shortId(target)}?`)) return;
     let input;
     try {
       input = resumeInput(choice);
@@ -325,8 +312,8 @@ export function controls(apply) {
       setField(resumeDialog, "dialog-error", problem.message);
       return;
     }
-    const id = target.dataset.runId;
-    const ticketId = ticket ? ticket.id : target.dataset.ticket;
+    const id = target;
+    const ticketId = ticket ? ticket.id : rowOf(id)?.dataset.ticket;
     await busy(event.submitter, async () => {
       try {
         apply((await send("POST", `/api/runs/${id}/resume/`, { ticket: ticketId, input })).data);

@@ -52,6 +52,10 @@ function listPage(table) {
       const since = (Date.now() - Number(node.dataset.at || Date.now())) / 1000;
       node.textContent = span(base + since);
     }
+    for (const node of body.querySelectorAll("tr.run [data-ticker][data-since]")) {  // a step
+      const text = span(Math.max(0, (Date.now() - Date.parse(node.dataset.since)) / 1000));
+      if (node.textContent !== text) node.textContent = text;
+    }
   }, 1000);
 
   const showEmpty = () => { if (empty) empty.hidden = body.querySelector("tr.run") !== null; };
@@ -91,7 +95,9 @@ function listPage(table) {
   let inFlight = null;
   const leaving = new Map();
 
-  function ask(id) {
+  const forced = new Set();  // runs whose row is taken even at the same version
+  function ask(id, force = false) {
+    if (force) forced.add(id);
     asking.add(id);
     if (!inFlight) inFlight = Promise.resolve().then(flush);
   }
@@ -124,6 +130,7 @@ function listPage(table) {
 
   function settle(id, fresh) {
     const row = rows.get(id);
+    const force = forced.delete(id);
     if (!fresh) {
       if (row && filtered) leave(row);
       return;
@@ -132,7 +139,8 @@ function listPage(table) {
       clearTimeout(leaving.get(id));
       leaving.delete(id);
       row.classList.remove("leaving");
-      if (Number(fresh.dataset.version) > Number(row.dataset.version)) {
+      if (Number(fresh.dataset.version) > Number(row.dataset.version) ||
+          (force && Number(fresh.dataset.version) === Number(row.dataset.version))) {
         // Newer than the row shown: take the server's row, keep what the user set on it.
         const before = statusOf(row);
         fresh.className = row.className;
@@ -213,6 +221,10 @@ function listPage(table) {
     ask(run.id);
     return true;
   }
+
+  document.addEventListener("runs:row", (event) => {
+    if (rows.has(event.detail)) ask(event.detail, true);
+  });
 
   new Live("/ws/runs/", (message) => {
     if (message.type === "snapshot") message.runs.slice().reverse().forEach(apply);

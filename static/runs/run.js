@@ -129,6 +129,8 @@ function panelActions(panel, page, control) {
           control.openResume(row, "reject");
           break;
         }
+        // A reject refuses what the run waits for: confirmed first, like a cancel.
+        if (action === "reject" && !confirm(`Reject the request of run ${shortId(runId)}?`)) break;
         await run(async () => {
           page.apply((await send("POST", `/api/runs/${runId}/resume/`, {
             ticket: row.dataset.ticket, input: bound
