@@ -178,6 +178,89 @@ def test_the_phone_layout_fits_and_its_buttons_are_big(browser, embedded_site, w
         tab.close()
 
 
+@pytest.mark.parametrize("viewport", [DESKTOP, {"width": 360, "height": 800}])
+def test_every_rows_controls_fit_whatever_other_rows_say(browser, embedded_site, viewport):
+    tab = Tab(browser, embedded_site, viewport)
+    try:
+        pausing, plain = start(embedded_site, "demo.hang"), start(embedded_site, "demo.hang")
+        awaiting = start(embedded_site, "demo.approval", {"steps_before": 0})
+        for agent in ("demo.fail", "demo.hang_tool"):  # long names and errors take room too
+            start(embedded_site, agent, {"steps": 1})
+        wait_state(embedded_site, plain, "running")
+        wait_state(embedded_site, pausing, "running")
+        assert embedded_site.call("POST", f"/api/runs/{pausing['id']}/pause/?wait=0")[0] == 202
+        wait_state(embedded_site, awaiting, "awaiting")
+        page = tab.open("/")
+        page.wait_for_selector(f'{row_of(pausing)}[data-pending="pause"]')
+        # Inside the viewport and not clipped by the list's own box.
+        edge = page.evaluate("""w => Math.min(w, document.querySelector('.table-wrap')
+            .getBoundingClientRect().right)""", viewport["width"])
+        boxes = page.evaluate("""() => [...document.querySelectorAll(
+            'tr.run button[data-action]')].filter(b => b.checkVisibility()).map(b => {
+              const r = b.getBoundingClientRect();
+              return [b.closest('tr').dataset.runId, b.dataset.action, r.left, r.right, r.width];
+            })""")
+        mine = {(run_id, action) for run_id, action, *_ in boxes}
+        assert {(pausing["id"], "pause"), (plain["id"], "stop"), (awaiting["id"], "resume")} <= mine
+        for run_id, action, left, right, _ in boxes:
+            assert 0 <= left and right <= edge, (run_id, action, left, right, edge)
+        if viewport is DESKTOP:  # one width for every button, so one column for each action
+            assert page.evaluate("""() => { const w = document.querySelector('.table-wrap');
+                return w.scrollWidth - w.clientWidth; }""") == 0  # nothing to scroll to
+            assert len({round(width) for *_, width in boxes}) == 1, boxes
+            stops = {round(right) for _, action, _, right, _ in boxes if action == "stop"}
+            assert len(stops) == 1, stops
+        for run in (pausing, plain, awaiting):
+            embedded_site.call("POST", f"/api/runs/{run['id']}/cancel/?wait=2")
+        assert tab.errors == []
+    finally:
+        tab.close()
+
+
+def test_a_lost_connection_shows_a_banner_disables_controls_and_reconnects_now(
+        browser, embedded_site):
+    tab = Tab(browser, embedded_site)
+    try:
+        page = tab.page
+        sockets = {"down": False, "open": []}
+
+        def socket(route):
+            if sockets["down"]:
+                route.close()
+                return
+            route.connect_to_server()
+            sockets["open"].append(route)
+        page.route_web_socket(re.compile(r"/ws/runs/$"), socket)
+        run = start(embedded_site, "demo.hang")
+        tab.open("/")
+        row = f'{row_of(run)}[data-state="running"]'
+        page.wait_for_selector(row)
+        sockets["down"] = True
+        for route in sockets["open"]:
+            route.close()
+        page.wait_for_selector("#offline-banner:has-text('what you see may be stale')")
+        page.wait_for_selector(f'{row} [data-action="cancel"]:disabled')
+        page.click('#offline-banner [data-action="reconnect"]')  # still down: still offline
+        page.wait_for_selector('#live[data-status="offline"]')
+        assert page.is_visible("#offline-banner")
+        sockets["down"] = False
+        page.click('#offline-banner [data-action="reconnect"]')
+        page.wait_for_selector('#live[data-status="live"]', timeout=3_000)
+        page.wait_for_selector("#offline-banner", state="hidden")
+        page.wait_for_selector(f'{row} [data-action="cancel"]:enabled')
+        # A request that cannot reach the server says so in words, not "Failed to fetch".
+        page.route("**/api/runs/*/pause/**", lambda route: route.abort())
+        said = page.evaluate("""async id => {
+            const { send } = await import("/static/runs/controls.js");
+            try { await send("POST", `/api/runs/${id}/pause/`); } catch (e) { return e.message; }
+        }""", run["id"])
+        assert said.startswith("The server could not be reached"), said
+        embedded_site.call("POST", f"/api/runs/{run['id']}/cancel/?wait=2")
+        assert [e for e in tab.errors if "ERR_FAILED" not in e] == []
+    finally:
+        tab.close()
+
+
 def test_error_pages_are_styled_with_a_way_back(tab, embedded_site):
     page = tab.page
     missing_run = "/runs/00000000-0000-0000-0000-0000000000ff/"

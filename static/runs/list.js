@@ -28,6 +28,14 @@ function announcer() {
   };
 }
 
+// How long the step a pending pause waits on has run (the row's data-since, the server's).
+function stepTimes(root) {
+  for (const node of root.querySelectorAll("[data-ticker][data-since]")) {
+    const text = span(Math.max(0, (Date.now() - Date.parse(node.dataset.since)) / 1000));
+    if (node.textContent !== text) node.textContent = text;
+  }
+}
+
 function listPage(table) {
   const body = $("#run-rows");
   const empty = $("#empty");
@@ -41,6 +49,7 @@ function listPage(table) {
     const duration = row.querySelector('[data-field="duration"]');
     if (duration) duration.dataset.at = String(Date.now());
     showDurations(row);
+    stepTimes(row);
   };
   for (const row of body.querySelectorAll("tr.run")) { known(row); stamp(row); }
 
@@ -52,10 +61,7 @@ function listPage(table) {
       const since = (Date.now() - Number(node.dataset.at || Date.now())) / 1000;
       node.textContent = span(base + since);
     }
-    for (const node of body.querySelectorAll("tr.run [data-ticker][data-since]")) {  // a step
-      const text = span(Math.max(0, (Date.now() - Date.parse(node.dataset.since)) / 1000));
-      if (node.textContent !== text) node.textContent = text;
-    }
+    stepTimes(body);
   }, 1000);
 
   const showEmpty = () => { if (empty) empty.hidden = body.querySelector("tr.run") !== null; };

@@ -264,8 +264,10 @@ class Command(BaseCommand):
             start("demo.steps", {"steps": 5}, start_after=later): "queued",
             start("demo.steps", {"steps": 600, "step_seconds": 1}): "running",
         }
-        for run_id in (stopped, cancelled):
+        pausing = start("demo.hang", {})  # a pause waiting for a step that never ends
+        for run_id in (stopped, cancelled, pausing):
             reaches(run_id, "running")
+        site.call("POST", f"/api/runs/{pausing}/pause/?wait=0")
         site.call("POST", f"/api/runs/{stopped}/stop/?wait=2", {"reason": "over the time box"})
         site.call("POST", f"/api/runs/{cancelled}/cancel/?wait=2", {})
         for run_id, status in expected.items():
