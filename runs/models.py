@@ -648,13 +648,20 @@ class MetricDelta(models.Model):
 
 
 class WorkerProcess(models.Model):
-    """What each worker process last reported with its lease renewal: read by /metrics."""
+    """What each worker process last reported with its lease renewal (read by /metrics and
+    the workers page), and whether an operator drained it."""
 
     owner = models.CharField(primary_key=True, max_length=255, help_text="Node and pid.")
     reported_at = models.DateTimeField()
     live_attempts = models.PositiveIntegerField(default=0)
     abandoned_tools = models.PositiveIntegerField(
         default=0, help_text="Blocking tool calls given up on whose threads still run.")
+    capacity = models.PositiveIntegerField(default=0, help_text="Attempts it runs at once.")
+    draining = models.BooleanField(
+        default=False, help_text="Claims no new run; its live attempts go on.")
+    drained_by = models.CharField(max_length=150, blank=True, default="",
+                                  help_text="Who last drained or undrained it.")
+    drained_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.owner

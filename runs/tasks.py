@@ -3,6 +3,7 @@
 from celery import shared_task
 
 from runs import domain
+from runs.domain import selectors
 from runs.runtime.executor import get_executor
 from runs.workers import commands, dispatch
 
@@ -13,12 +14,13 @@ def execute(self, run_ids: list[str] | str) -> None:
 
     The runs are claimed in one transaction. A redelivered or duplicated message finds a
     run claimed (or ended) and skips it. What the executor has no room for comes back in a
-    second. If the claim fails on an error, the runs stay queued and the sweeper sends
-    them again.
+    second, as does every run a drained worker is sent. If the claim fails on an error, the
+    runs stay queued and the sweeper sends them again.
     """
     executor = get_executor(node=commands.node_name or self.request.hostname)
     run_ids = [run_ids] if isinstance(run_ids, str) else list(run_ids)
-    room = executor.room
+    # A drained worker takes none: the message goes back for another worker to claim.
+    room = 0 if selectors.worker_draining(owner=executor.owner) else executor.room
     if room:
         executor.start(run_ids[:room])
     if run_ids[room:]:

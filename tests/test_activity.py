@@ -207,3 +207,22 @@ def test_a_failures_traceback_is_shown_to_staff_only(pushes, viewer,
     assert "RuntimeError: boom" in seen and "secret_module.py" not in seen
     staff = browser_for(make_user("sam", "operator", is_staff=True))
     assert "secret_module.py" in staff.get(f"/runs/{run.id}/").content.decode()
+
+
+def test_the_activity_api_gives_scripts_what_the_page_shows(viewer_client, pushes):
+    run = queued_run()
+    activity.activity_record(run_id=run.id, generation=1, entries=[
+        {"kind": "log", "text": "one"}, {"kind": "step", "text": "step 1", "ms": 12,
+                                         "tokens": 7}, {"kind": "log", "text": "three"}])
+    answer = viewer_client.get(f"/api/runs/{run.id}/activity/?after=1")
+    assert answer.status_code == 200
+    results = answer.json()["results"]
+    assert [(e["seq"], e["kind"], e["text"]) for e in results] == [
+        (2, "step", "step 1"), (3, "log", "three")]
+    assert (results[0]["ms"], results[0]["tokens"], results[0]["generation"]) == (12, 7, 1)
+    assert set(results[0]) == {"seq", "generation", "kind", "text", "ms", "tokens", "data", "at"}
+    page = viewer_client.get(f"/api/runs/{run.id}/activity/?after=0&limit=1").json()
+    assert [e["seq"] for e in page["results"]] == [1]
+    bad = viewer_client.get(f"/api/runs/{run.id}/activity/?after=x")
+    assert (bad.status_code, bad.json()["code"]) == (400, "invalid")
+    assert viewer_client.get("/api/runs/not-a-run/activity/").status_code == 404

@@ -42,6 +42,16 @@ def test_create_returns_the_run(op_client):
     assert Run.objects.get(pk=body["id"]).created_by.username == "olga"
 
 
+def test_an_input_that_is_not_an_object_is_refused_in_plain_words(op_client):
+    response = op_client.post("/api/runs/", {"agent": "demo.steps", "input": [1, 2]},
+                              format="json")
+    assert response.status_code == 400
+    body = response.json()
+    assert body["code"] == "invalid"
+    assert "must be a JSON object" in body["detail"] and "dictionary" not in body["detail"]
+    assert not Run.objects.exists()
+
+
 def test_a_batch_creates_every_run_in_order_and_dispatches_each(
         op_client, monkeypatch, django_capture_on_commit_callbacks):
     sent = []

@@ -397,7 +397,20 @@ def test_the_overview_draws_charts_that_follow_the_figures(tab, embedded_site):
         "n => Number(document.querySelector('[data-figure=\"running\"]').textContent) > n",
         arg=running, timeout=20_000)
     embedded_site.call("POST", f"/api/runs/{run['id']}/cancel/?wait=2")
+    done = start(embedded_site, "demo.steps", {"steps": 1, "step_seconds": 0.01})
+    wait_state(embedded_site, done, "completed")
     assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    # "Ended by cause": each cause's bar in its own colour (completed green, cancelled amber).
+    page.wait_for_function("""() => {
+        const canvas = document.querySelector('[data-chart="ended"] canvas');
+        const { data } = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height);
+        const seen = new Set();
+        for (let i = 0; i < data.length; i += 4) {
+          const rgb = [data[i], data[i + 1], data[i + 2]].join();
+          if (rgb === "22,163,74" || rgb === "217,119,6") seen.add(rgb);
+        }
+        return seen.size === 2;
+    }""", timeout=15_000)
 
 
 def test_a_bulk_cancel_of_selected_runs_shows_its_progress(tab, embedded_site):
@@ -420,6 +433,23 @@ def test_a_bulk_cancel_of_selected_runs_shows_its_progress(tab, embedded_site):
     first = page.locator("tr.job").first
     assert first.get_attribute("data-state") == "done"
     assert "admin" in first.text_content() and "2 applied" in first.text_content()
+
+
+def test_a_bulk_stop_without_a_reason_keeps_its_dialog_open_and_says_why(tab, embedded_site):
+    run = start(embedded_site, "demo.hang")
+    page = tab.open("/?by_agent=demo.hang&status=running")
+    page.wait_for_selector(f'{row_of(run)}[data-state="running"]')
+    page.check(f"{row_of(run)} [data-select]")
+    page.click('#bulk-bar [data-bulk="stop"]')
+    page.wait_for_selector('#bulk-dialog [data-bulk="confirm"]:enabled')
+    page.click('#bulk-dialog [data-bulk="confirm"]')
+    page.wait_for_selector("#bulk-dialog[open] [data-field='bulk-error']:has-text('Give a reason')")
+    assert embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]["state"] == "running"
+    page.fill('[name="bulk_reason"]', "stuck")
+    page.click('#bulk-dialog [data-bulk="confirm"]')
+    page.wait_for_selector('#bulk-progress[data-state="done"]', timeout=30_000)
+    assert not page.is_visible("#bulk-dialog")
+    wait_state(embedded_site, run, "stopped")
 
 
 def test_a_bulk_job_over_a_filter_can_be_aborted(tab, embedded_site):

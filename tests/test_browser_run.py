@@ -286,6 +286,10 @@ def test_a_failure_shows_its_traceback_and_runs_again(page, embedded_site):
     page.wait_for_selector(".failure .traceback")
     assert "RuntimeError: demo.fail raised after 1 step(s)" in page.text_content(".failure")
     assert "Traceback (most recent call last)" in page.text_content(".failure .traceback")
+    # The error box takes the width of the failure box, not a table cell's.
+    widths = page.evaluate("""() => [document.querySelector('.failure .error-text'),
+        document.querySelector('.failure')].map(n => n.getBoundingClientRect().width)""")
+    assert widths[0] >= widths[1] - 40, widths
     page.wait_for_selector('.activity-log li[data-kind="error"]')
     assert serious_violations(page) == []
     page.click('[data-run-action="rerun"]')

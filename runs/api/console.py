@@ -8,11 +8,11 @@ from rest_framework.views import APIView
 from runs import domain
 from runs.api import serializers as s
 from runs.api.permissions import IsOperator
-from runs.api.views import ERRORS, query, source, validated
+from runs.api.views import ERRORS, actor, query, source, validated
 from runs.domain import overview, selectors
 from runs.domain.errors import InvalidRequest
 from runs.domain.overview import MAX_WINDOW, MIN_WINDOW
-from runs.domain.representation import run_data
+from runs.domain.representation import run_data, worker_data
 from runs.models import AppliedVia
 
 
@@ -97,3 +97,46 @@ class OverviewView(APIView):
         running time percentiles and time to stop, over the last ``window`` seconds."""
         window = query(OverviewQuery, request)["window"]
         return Response(OverviewSerializer(overview.overview(window=window)).data)
+
+
+class WorkerSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="The process: node and pid.")
+    alive = serializers.BooleanField(help_text="Renewed its leases within the last lease.")
+    draining = serializers.BooleanField(help_text="Claims no new run; its attempts go on.")
+    capacity = serializers.IntegerField()
+    live_attempts = serializers.IntegerField()
+    abandoned_tools = serializers.IntegerField(
+        help_text="Blocking tool calls given up on whose threads still run.")
+    last_seen = serializers.DateTimeField()
+    drained_by = serializers.CharField(allow_null=True)
+    drained_at = serializers.DateTimeField(allow_null=True)
+    runs = serializers.ListField(child=serializers.UUIDField(),
+                                 help_text="The runs of its live attempts.")
+
+
+class WorkerPageSerializer(serializers.Serializer):
+    results = WorkerSerializer(many=True)
+
+
+class WorkerListView(APIView):
+    @extend_schema(operation_id="workers_list", responses={200: WorkerPageSerializer, **ERRORS})
+    def get(self, request):
+        """The worker processes that reported in the last hour, alive ones first."""
+        return Response({"results": [worker_data(w) for w in selectors.workers()]})
+
+
+class WorkerDrainView(APIView):
+    permission_classes = [IsOperator]
+    draining = True
+
+    @extend_schema(request=None, responses={200: WorkerSerializer, **ERRORS})
+    def post(self, request, name):
+        """Drain (it claims no new run; its live attempts go on) or undrain a worker."""
+        validated(s.NoBodySerializer, request)
+        domain.worker_drain(name=name, draining=self.draining, actor=actor(request))
+        found = next(w for w in selectors.workers() if w.owner == name)
+        return Response(worker_data(found))
+
+
+class WorkerUndrainView(WorkerDrainView):
+    draining = False

@@ -18,6 +18,7 @@ from runs.domain import catalogue, limits
 from runs.domain.runs import LIVE_COMMANDS, MAX_BATCH
 from runs.models import (
     Action,
+    ActivityKind,
     EndCause,
     EventKind,
     OnExhausted,
@@ -186,7 +187,8 @@ class BudgetField(serializers.DictField):
 
 class RunCreateSerializer(StrictSerializer):
     agent = serializers.ChoiceField(choices=[])  # the catalogue's names, when instantiated
-    input = serializers.DictField(required=False, default=dict)
+    input = serializers.DictField(required=False, default=dict, error_messages={
+        "not_a_dict": "The input must be a JSON object ({{…}}), not a {input_type}."})
     thread_id = serializers.CharField(required=False, max_length=200, allow_blank=False)
     parent_id = serializers.UUIDField(required=False, allow_null=True)
     budget = BudgetField(required=False)
@@ -258,6 +260,21 @@ class EventPageSerializer(serializers.Serializer):
     results = EventSerializer(many=True)
 
 
+class ActivitySerializer(serializers.Serializer):
+    seq = serializers.IntegerField(help_text="The entry's number in its run's log, from 1.")
+    generation = serializers.IntegerField()
+    kind = serializers.ChoiceField(choices=ActivityKind.choices)
+    text = serializers.CharField()
+    ms = serializers.IntegerField(allow_null=True, help_text="How long it took, if timed.")
+    tokens = serializers.IntegerField(allow_null=True)
+    data = serializers.JSONField(allow_null=True)
+    at = serializers.DateTimeField()
+
+
+class ActivityPageSerializer(serializers.Serializer):
+    results = ActivitySerializer(many=True)
+
+
 
 # --- Query strings: one definition serves the validation and the OpenAPI document --------
 
@@ -297,6 +314,10 @@ class RunListQuery(serializers.Serializer):
 
 class EventsQuery(serializers.Serializer):
     after = QueryInteger(required=False, default=0, min_value=0, max_value=2**62)
+
+
+class ActivityQuery(EventsQuery):
+    limit = serializers.IntegerField(required=False, default=1000, min_value=1, max_value=1000)
 
 
 class EventFeedQuery(EventsQuery):

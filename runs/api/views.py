@@ -13,9 +13,9 @@ from runs import domain
 from runs.api import listing, waiting
 from runs.api import serializers as s
 from runs.api.permissions import IsOperator, IsViewer
-from runs.domain import limits, selectors
+from runs.domain import activity, limits, selectors
 from runs.domain.errors import InvalidRequest, NotActive
-from runs.domain.representation import event_data, run_data
+from runs.domain.representation import activity_data, event_data, run_data
 from runs.models import RunState
 
 # 429: a token check refused while its address or key prefix is locked (runs.domain.throttle);
@@ -131,6 +131,19 @@ class RunEventsView(APIView):
         run = selectors.run_get(run_id)
         events = selectors.run_events(run=run, **query(s.EventsQuery, request))
         return Response({"results": [event_data(event) for event in events]})
+
+
+class RunActivityView(APIView):
+    @extend_schema(operation_id="runs_activity_list", parameters=[s.ActivityQuery],
+                   responses={200: s.ActivityPageSerializer, **ERRORS})
+    def get(self, request, run_id):
+        """The run's activity log in order, as its page shows it: log lines, progress,
+        steps, model and tool calls with durations; page on with after = the last seq."""
+        run = selectors.run_get(run_id)
+        asked = query(s.ActivityQuery, request)
+        entries = activity.run_activity(run_id=run.id, after=asked["after"],
+                                        limit=asked["limit"])
+        return Response({"results": [activity_data(entry) for entry in entries]})
 
 
 class EventListView(APIView):

@@ -22,6 +22,7 @@ from runs.domain.attempts import (
     attempts_start,
     runs_redispatch,
     sweep,
+    worker_drain,
     worker_report,
 )
 from runs.domain.bulk import (
@@ -89,6 +90,7 @@ __all__ = [
     "attempt_provider_failed",
     "runs_redispatch",
     "sweep",
+    "worker_drain",
     "worker_report",
     "finish",
     "locked_run",

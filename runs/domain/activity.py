@@ -108,11 +108,13 @@ def control_taken(*, run_id, generation: int, command: str, actor: str | None,
         "data": {"action": command, "actor": actor, "source": source}}])
 
 
-def run_activity(*, run_id, after: int = 0, last: int | None = None) -> list[Activity]:
-    """The run's entries after ``after``, oldest first; ``last``: only the newest ones."""
+def run_activity(*, run_id, after: int = 0, last: int | None = None,
+                 limit: int | None = None) -> list[Activity]:
+    """The run's entries after ``after``, oldest first (the first ``limit`` of them);
+    ``last``: only the newest ones."""
     entries = Activity.objects.filter(run_id=run_id, seq__gt=after)
     if last is None:
-        return list(entries.order_by("seq"))
+        return list(entries.order_by("seq")[:limit])
     return list(entries.order_by("-seq")[:last])[::-1]
 
 

@@ -31,7 +31,7 @@ from runs.domain.core import (
     record_intent,
     release_claim,
 )
-from runs.domain.errors import Fenced, InvalidRequest
+from runs.domain.errors import Fenced, InvalidRequest, WorkerNotFound
 from runs.domain.schemas import check_schema
 from runs.domain.text import short_id
 from runs.models import (
@@ -427,11 +427,23 @@ def runs_redispatch(*, older_than: float, limit: int = 100) -> list:
     return sent
 
 
-def worker_report(*, owner: str, live_attempts: int, abandoned_tools: int) -> None:
-    """A worker process's figures, written with each of its lease renewals."""
+def worker_report(*, owner: str, live_attempts: int, abandoned_tools: int,
+                  capacity: int = 0) -> None:
+    """A worker process's figures, written with each of its lease renewals (whether it is
+    draining is the operators' and is kept)."""
     WorkerProcess.objects.update_or_create(
         owner=owner, defaults={"reported_at": timezone.now(), "live_attempts": live_attempts,
-                               "abandoned_tools": abandoned_tools})
+                               "abandoned_tools": abandoned_tools, "capacity": capacity})
+
+
+def worker_drain(*, name: str, draining: bool, actor: str) -> WorkerProcess:
+    """Drain a worker process (it claims no new run; its live attempts go on) or undrain
+    it, recording who and when. WorkerNotFound if no such worker reported."""
+    changed = WorkerProcess.objects.filter(owner=name).update(
+        draining=draining, drained_by=actor, drained_at=timezone.now())
+    if not changed:
+        raise WorkerNotFound(f"No worker named {name!r} has reported.")
+    return WorkerProcess.objects.get(owner=name)
 
 
 WORKER_REPORTS_KEPT = timedelta(hours=1)

@@ -25,6 +25,11 @@ class RunNotFound(ServiceError):
     status = 404
 
 
+class WorkerNotFound(ServiceError):
+    code = "not_found"
+    status = 404
+
+
 class IdempotencyConflict(ServiceError):
     """The Idempotency-Key was used before with a different request."""
 

@@ -16,7 +16,7 @@ import json
 from django.conf import settings
 from django.utils import timezone
 
-from runs.models import Activity, BulkJob, Event, Run
+from runs.models import Activity, BulkJob, Event, Run, WorkerProcess
 
 
 def when(value) -> str | None:
@@ -185,3 +185,13 @@ def activity_text(*, run_id, entries: list[dict]) -> str:
     """A ``run.activity`` push: new entries of one run's activity log (not state: no seq of
     the change stream; each entry has the run's own ``seq``)."""
     return json.dumps({"type": "run.activity", "run_id": str(run_id), "entries": entries})
+
+
+def worker_data(worker: WorkerProcess) -> dict:
+    """A worker process as ``GET /api/workers/`` gives it (``selectors.workers`` marks
+    ``alive`` and its live ``attempts``)."""
+    return {"name": worker.owner, "alive": worker.alive, "draining": worker.draining,
+            "capacity": worker.capacity, "live_attempts": len(worker.attempts),
+            "abandoned_tools": worker.abandoned_tools, "last_seen": when(worker.reported_at),
+            "drained_by": worker.drained_by or None, "drained_at": when(worker.drained_at),
+            "runs": [str(attempt.run_id) for attempt in worker.attempts]}

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import F, Field, Func, IntegerField, Max, Q, Value
 from django.db.models.lookups import GreaterThan, LessThan
+from django.utils import timezone
 
 from runs.domain import sql
 from runs.domain.errors import InvalidRequest, RunNotFound
@@ -18,6 +19,8 @@ from runs.domain.text import quoted_id
 from runs.models import (
     Activity,
     ActivityKind,
+    Attempt,
+    AttemptState,
     ControlIntent,
     EndCause,
     Event,
@@ -27,6 +30,7 @@ from runs.models import (
     RunState,
     TicketReason,
     TicketState,
+    WorkerProcess,
 )
 
 
@@ -494,3 +498,24 @@ def pending_requests(runs_shown) -> dict:
                                       kind__in=(EventKind.STARTED, EventKind.STEP))
                  .values("run_id").annotate(last=Max("at")).values_list("run_id", "last"))
     return {run_id: Pending(action, begun.get(run_id)) for run_id, action in found.items()}
+
+
+def worker_draining(*, owner: str) -> bool:
+    """Whether an operator drained the worker process ``owner`` (it claims no new run)."""
+    return WorkerProcess.objects.filter(owner=owner, draining=True).exists()
+
+
+def workers() -> list[WorkerProcess]:
+    """Every worker process that reported within the last hour, alive ones first: each with
+    ``alive`` (renewed within a lease), ``attempts`` (its live attempts, with their runs)."""
+    found = list(WorkerProcess.objects.order_by("-reported_at", "owner"))
+    lost_before = timezone.now() - timedelta(seconds=settings.AWAKEN_LEASE_SECONDS)
+    live = {}
+    for attempt in (Attempt.objects.filter(state=AttemptState.LIVE,
+                                           owner__in=[w.owner for w in found])
+                    .select_related("run").order_by("started_at")):
+        live.setdefault(attempt.owner, []).append(attempt)
+    for worker in found:
+        worker.alive = worker.reported_at >= lost_before
+        worker.attempts = live.get(worker.owner, [])
+    return sorted(found, key=lambda w: (not w.alive, w.owner))

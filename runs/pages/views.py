@@ -5,6 +5,7 @@ from django.core.exceptions import BadRequest, PermissionDenied
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.templatetags.static import static
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
@@ -135,6 +136,14 @@ def rows(request):
 def overview(request):
     """The overview's charts; the figures come from /api/overview/, polled by the page."""
     return render(request, "runs/overview.html", page_context(request))
+
+
+@viewer_required
+@require_GET
+def workers(request):
+    """The worker processes: alive or lost, capacity, live attempts; Drain for operators."""
+    return render(request, "runs/workers.html", page_context(
+        request, workers=selectors.workers(), now=timezone.now()))
 
 
 @viewer_required

@@ -62,7 +62,8 @@ class Executor:
                                  room=lambda: self.room)
         self.leases = LeaseRenewer(registry=self.registry, db=self.worker_loop.db,
                                    owner=self.owner, lease_seconds=self.lease_seconds,
-                                   abandoned_tools=lambda: self.tool_threads.abandoned)
+                                   abandoned_tools=lambda: self.tool_threads.abandoned,
+                                   capacity=self.capacity)
         self._provider: ChatClient | None = None
         self.worker_loop.submit(self.leases.renew_forever())
 

@@ -24,25 +24,32 @@ log = logging.getLogger(__name__)
 
 class LeaseRenewer:
     def __init__(self, *, registry: Registry, db, owner: str, lease_seconds: float,
-                 abandoned_tools: Callable[[], int]):
+                 abandoned_tools: Callable[[], int], capacity: int = 0):
         self.registry = registry
+        self.capacity = capacity
         self.db = db  # WorkerLoop.db: a domain call on a database thread
         self.owner = owner
         self.lease_seconds = lease_seconds
         self.abandoned_tools = abandoned_tools
 
     async def renew_forever(self) -> None:
+        try:  # the workers page shows the process from its start
+            await self.report()
+        except Exception:
+            log.warning("worker report failed", exc_info=True)
         while True:
             # A third of the lease, less up to a fifth of that at random: workers started
             # together do not go on renewing (and loading the database) in step.
             await asyncio.sleep(self.lease_seconds / 3 * random.uniform(0.8, 1.0))
             try:
                 await self.renew()
-                await self.db(domain.worker_report, owner=self.owner,
-                              live_attempts=len(self.registry),
-                              abandoned_tools=self.abandoned_tools())
+                await self.report()
             except Exception:
                 log.warning("lease renewal failed", exc_info=True)
+
+    async def report(self) -> None:
+        await self.db(domain.worker_report, owner=self.owner, live_attempts=len(self.registry),
+                      abandoned_tools=self.abandoned_tools(), capacity=self.capacity)
 
     async def renew(self) -> None:
         """Renew every registered attempt's lease; fence the lost, cancel on pending intents.

@@ -115,6 +115,7 @@ export function bulkSelection(table) {
     confirm.disabled = true;
     confirm.textContent = `${verb} runs`;
     setField(dialog, "bulk-preview", "Counting…");
+    setField(dialog, "bulk-error", "");
     dialog.showModal();
     try {
       const preview = await api("POST", "/api/bulk/preview/", selection);
@@ -129,21 +130,30 @@ export function bulkSelection(table) {
     }
   });
 
-  dialog.addEventListener("close", async () => {
-    if (dialog.returnValue !== "confirm" || !action) return;
+  // The dialog stays open until the job is started: a stop without a reason, or a refusal
+  // by the server, is said in it.
+  dialog.addEventListener("submit", async (event) => {
+    if (!event.submitter || event.submitter.value !== "confirm" || !action) return;
+    event.preventDefault();
     const reason = dialog.querySelector('[name="bulk_reason"]').value.trim();
     if (action === "stop" && !reason) {
-      toast("A stop needs a reason: the job was not started.");
+      setField(dialog, "bulk-error", "Give a reason: a stop records why.");
+      dialog.querySelector('[name="bulk_reason"]').focus();
       return;
     }
+    const confirm = event.submitter;
+    confirm.disabled = true;
     try {
       const job = await api("POST", "/api/bulk/", { action, ...(reason ? { reason } : {}), ...selection });
+      dialog.close("done");
       await showProgress(job);
       allMatching.checked = false;
       for (const box of body.querySelectorAll("[data-select]:checked")) box.checked = false;
       refresh();
     } catch (problem) {
-      toast(problem.message);
+      setField(dialog, "bulk-error", problem.message);
+    } finally {
+      confirm.disabled = false;
     }
   });
   refresh();

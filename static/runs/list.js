@@ -285,6 +285,11 @@ function listPage(table) {
     }
   });
 
+  // A server's answer is about what was sent: it goes when the form is changed.
+  $("#new-run")?.addEventListener("input", (event) => {
+    setField(event.currentTarget, "form-error", "");
+  });
+
   $("#new-run")?.addEventListener("submit", async (event) => {
     event.preventDefault();
     const form = event.target;
@@ -296,6 +301,10 @@ function listPage(table) {
       input = form.input.value.trim() ? JSON.parse(form.input.value) : {};
     } catch (problem) {
       error.textContent = `Input is not valid JSON: ${problem.message}`;
+      return;
+    }
+    if (input === null || typeof input !== "object" || Array.isArray(input)) {
+      error.textContent = "The input must be a JSON object, such as {\"steps\": 5}.";
       return;
     }
     const budget = {};

@@ -49,7 +49,9 @@ function makeCharts() {
     axes: [axes(colors)[0], { ...axes(colors)[1], ...integer }],
   }, [[], [], [], []], node("live"));
 
-  const bars = uPlot.paths.bars({ size: [0.6, 80] });
+  // Each cause in its own colour (the state badges' hues), not one colour for every bar.
+  const causeColours = { values: () => CAUSES.map((cause) => colors[cause]) };
+  const bars = uPlot.paths.bars({ size: [0.6, 80], disp: { fill: causeColours, stroke: causeColours } });
   charts.ended = new uPlot({
     ...sized(node("ended")),
     scales: { x: { time: false, range: [-0.5, CAUSES.length - 0.5] } },
@@ -64,10 +66,10 @@ function makeCharts() {
   charts.stop = new uPlot({
     ...sized(node("stop")),
     scales: { x: { time: false, distr: 3 }, y: { range: [0, 100] } },
-    series: [{ label: "within", value: (u, v) => (v == null ? "" : `${v} s`) },
+    series: [{ label: "within", value: (u, v) => (v == null ? "" : span(v)) },
       ...PATHS.map((path) => ({ label: path, stroke: colors[path], width: 2,
         value: (u, v) => (v == null ? "–" : `${v.toFixed(0)} %`) }))],
-    axes: [{ ...axes(colors)[0], values: (u, splits) => splits.map((v) => `${v} s`) },
+    axes: [{ ...axes(colors)[0], values: (u, splits) => splits.map((v) => (v == null ? "" : span(v))) },
       { ...axes(colors)[1], values: (u, splits) => splits.map((v) => `${v} %`) }],
   }, [[], [], [], []], node("stop"));
 
