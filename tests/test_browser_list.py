@@ -483,7 +483,7 @@ def test_the_pages_have_no_serious_accessibility_violations(browser, embedded_si
     try:
         for path, ready in (("/", "tr.run"), ("/?status=failed&q=zz", "#empty"),
                             ("/overview/", ".uplot canvas"), ("/bulk/", "#live"),
-                            ("/no-such-page/", ".error-page")):
+                            ("/workers/", "tr.worker"), ("/no-such-page/", ".error-page")):
             page = tab.open(path, ready)
             assert serious_violations(page) == [], path
             assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]

@@ -186,6 +186,7 @@ PAGES = [
          prepare=start_stuck_runs, show=open_bulk_dialog),
     Page("bulk-jobs", "/bulk/", "js:() => document.querySelectorAll('tr.job').length >= 2",
          prepare=stop_the_stuck_runs),
+    Page("workers", "/workers/", "tr.worker", live=False),
     Page("run", "/runs/{running}/",
          "js:() => document.querySelectorAll('.activity-log li:not(.empty)').length >= 2"),
     Page("run-failed", "/runs/{failed}/", "pre.traceback"),
