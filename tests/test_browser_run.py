@@ -387,3 +387,30 @@ def test_an_agents_schema_cannot_break_the_review_form(browser, embedded_site): 
     done = wait_until(lambda: (lambda r: r if r["state"] == "ended" else None)(
         embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]), 10, "the run to end")
     assert done["output"] == {"ordered": {"__proto__": "first", "note": "second", "count": 2}}
+
+
+def test_a_message_from_the_runs_page_steers_the_agent_with_a_receipt(page, embedded_site):
+    run_id, row = open_run(page, embedded_site, "demo.inbox")
+    page.wait_for_selector(f'{row}[data-state="running"]')
+    page.fill("#steer-message", '{"n": 1}')
+    page.click('[data-action="send-message"]')
+    page.wait_for_selector('[data-field="steer-receipt"]:has-text("Delivered to attempt 1")')
+
+    def step_by_admin():
+        events = embedded_site.call("GET", f"/api/runs/{run_id}/events/")[1]["results"]
+        return [(e["actor"], e["source"]) for e in events if e["kind"] == "step"]
+    wait_until(lambda: step_by_admin() == [("admin", "ui")], 10, "the step naming admin")
+    page.fill("#steer-message", "plain words")  # not JSON: sent as a string
+    page.click('[data-action="send-message"]')
+    page.wait_for_selector('[data-field="steer-receipt"]:has-text("Delivered")')
+    page.fill("#steer-message", '{"done": true}')
+    page.click('[data-action="send-message"]')
+    page.wait_for_selector(f'{row}[data-end-cause="completed"]')
+    output = embedded_site.call("GET", f"/api/runs/{run_id}/")[1]["output"]
+    assert output == {"messages": [{"n": 1}, "plain words", {"done": True}]}
+    page.fill("#steer-message", '"too late"')
+    page.click('[data-action="send-message"]')
+    page.wait_for_selector('[data-field="steer-receipt"][data-outcome="refused"]'
+                           ':has-text("the run is ended (completed)")')
+    assert serious_violations(page) == []
+    page.errors[:] = [e for e in page.errors if "409 (Conflict)" not in e]  # the refusal's

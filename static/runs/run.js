@@ -196,6 +196,44 @@ async function copy(text, done) {
   }
 }
 
+// --- steering: a message to the live attempt's inbox, with its receipt ----------------------
+
+function steering(form) {
+  const runId = form.dataset.runId;
+  const receipt = form.querySelector('[data-field="steer-receipt"]');
+  form.addEventListener("input", () => { receipt.textContent = ""; });
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const text = form.message.value.trim();
+    if (!text) return;
+    let message;
+    try {
+      message = JSON.parse(text);
+    } catch {
+      message = text;  // plain words go as a JSON string
+    }
+    const button = form.querySelector('[data-action="send-message"]');
+    button.disabled = true;
+    try {
+      const answer = (await send("POST", `/api/runs/${runId}/deliver/`, { command: "message", message })).data;
+      receipt.dataset.outcome = "delivered";
+      receipt.textContent = `Delivered to attempt ${answer.generation} at ${clock.format(new Date())}.`;
+      form.message.value = "";
+    } catch (problem) {
+      receipt.dataset.outcome = "refused";
+      if (problem.data?.code === "not_active") {
+        const run = await send("GET", `/api/runs/${runId}/`).then((a) => a.data).catch(() => null);
+        const state = run ? (run.state === "ended" ? `ended (${run.end_cause})` : run.state) : "not running";
+        receipt.textContent = `Not delivered: the run is ${state}, and a message goes only to a running attempt.`;
+      } else {
+        receipt.textContent = `Not delivered: ${problem.message}`;
+      }
+    } finally {
+      button.disabled = false;
+    }
+  });
+}
+
 // --- the activity log -----------------------------------------------------------------------
 
 // Entries come as `run.activity` pushes on the run's socket; the page then asks the server
@@ -339,3 +377,5 @@ if (panel) {
   const output = $("#live-output");
   if (output) runSocket(output, { onActivity: more, onControl: page.refresh });
 }
+const steer = $("#steer");
+if (steer) steering(steer);
