@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0020_bulkjob_refused_help'),
+        ('runs', '0021_ticket_action'),
     ]
 
     operations = [
