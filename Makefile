@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 PORT ?= 8000
 
-.PHONY: run test lint screenshot install clean
+.PHONY: run test lint screenshot install clean token
 
 install: $(STAMP)
 
@@ -71,5 +71,13 @@ lint: $(STAMP)
 
 ## Redraw the README's pictures of the console (docs/<page>-<size>.png) with Debian's
 ## chromium (the command starts an embedded site of its own, in a temporary directory).
+## An API token for NAME (an operator; ROLE=viewer for read-only) on the embedded default,
+## with the key `make run` keeps: make token NAME=alice
+NAME ?= $(USER)
+ROLE ?= operator
+token: $(STAMP) var/secret_key
+	@SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py migrate --no-input -v 0
+	@SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py operator_token "$(NAME)" --create --role $(ROLE)
+
 screenshot: $(STAMP) var/secret_key
 	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py screenshot
