@@ -36,7 +36,7 @@ class Command(BaseCommand):
                             help="Worker threads taking tasks (attempts run on one loop).")
 
     def handle(self, host, port, concurrency, **options):
-        self.ensure_admin()
+        password = self.ensure_admin()
         application = get_default_application()
         if not settings.AWAKEN_PROVIDER_BASE_URL:
             stub = start_stub()
@@ -45,17 +45,32 @@ class Command(BaseCommand):
         start_worker(concurrency)
         start_sweeper()
         self.stdout.write(f"awaken-site on http://{host}:{port}/", self.style.SUCCESS)
+        if password:
+            self.first_login(password, f"http://{host}:{port}/accounts/login/")
         self.stdout.flush()
         daphne.serve(application, host=host, port=port)
 
-    def ensure_admin(self):
+    def ensure_admin(self) -> str | None:
+        """On the first start, an operator ``admin`` with a random password (returned)."""
         User = get_user_model()
         if User.objects.exists():
-            return
+            return None
         password = secrets.token_urlsafe(12)
         user = User.objects.create_superuser("admin", password=password)
         user.groups.add(Group.objects.get_or_create(name="operator")[0])
-        self.stdout.write(f"Created operator 'admin' with password: {password}")
+        return password
+
+    def first_login(self, password: str, url: str) -> None:
+        """The first start's password, last of what the site prints, in a box: it is shown
+        this once."""
+        lines = [f"Created operator 'admin' with password: {password}",
+                 f"Log in at {url} (shown only now).",
+                 "To set another: SECRET_KEY=$(cat var/secret_key) .venv/bin/python manage.py "
+                 "changepassword admin"]
+        width = max(len(line) for line in lines)
+        rule = "+" + "-" * (width + 2) + "+"
+        self.stdout.write("\n".join([rule, *(f"| {line.ljust(width)} |" for line in lines),
+                                      rule]), self.style.WARNING)
         self.stdout.flush()  # at once, even when stdout is a file (block-buffered)
 
 
