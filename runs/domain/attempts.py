@@ -106,8 +106,9 @@ def attempt_step(*, run_id, generation: int, tokens: int = 0, agent_state=None,
     (``runs.domain.prices``) and added to the run's ``cost_usd``; a model with no price
     makes the run's cost unknown (null) from then on, says so in the step's event, and
     writes a warning to the run's activity the first time. With ``max_repeats`` set, the
-    step's tool calls (``data["tools"]``, by ``digest``) are added to the run's counts. ``actor`` and ``source``: who caused the step, when a
-    live delivery (a message or a wake) led to it."""
+    step's tool calls (``data["tools"]``, by ``digest``) are added to the run's counts.
+    ``actor`` and ``source``: who caused the step, when a live delivery (a message or a
+    wake) led to it."""
     data = dict(data or {})
     with transaction.atomic():
         run = _locked_current(run_id, generation)
