@@ -226,3 +226,8 @@ def test_the_activity_api_gives_scripts_what_the_page_shows(viewer_client, pushe
     bad = viewer_client.get(f"/api/runs/{run.id}/activity/?after=x")
     assert (bad.status_code, bad.json()["code"]) == (400, "invalid")
     assert viewer_client.get("/api/runs/not-a-run/activity/").status_code == 404
+    activity.activity_record(run_id=run.id, generation=1, entries=[{
+        "kind": "error", "text": "RuntimeError: boom",
+        "data": {"traceback": 'File "/srv/secret_module.py"'}}])
+    (error,) = viewer_client.get(f"/api/runs/{run.id}/activity/?after=3").json()["results"]
+    assert error["text"] == "RuntimeError: boom" and "traceback" not in error["data"]
