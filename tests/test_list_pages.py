@@ -127,8 +127,8 @@ def test_the_bulk_page_lists_jobs_and_viewers_get_no_abort():
                          created_by=None, source="ui")
     operator = browser_for(make_user("olga", "operator")).get("/bulk/").content.decode()
     viewer = browser_for(make_user("vic", "viewer")).get("/bulk/").content.decode()
-    assert "olga (ui)" in operator and 'data-bulk="abort"' in operator
-    assert "olga (ui)" in viewer and 'data-bulk="abort"' not in viewer
+    assert "<bdi>olga</bdi> (ui)" in operator and 'data-bulk="abort"' in operator
+    assert "<bdi>olga</bdi> (ui)" in viewer and 'data-bulk="abort"' not in viewer
 
 
 def test_pushed_bulk_jobs_are_redrawn_from_the_servers_one_rendering():
