@@ -9,6 +9,7 @@ against the attempt's cancellation token: a model call (``chat``), a tool, a chi
 
 import asyncio
 import inspect
+import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -19,8 +20,10 @@ from typing import Any
 
 from runs.domain.actions import action_digest
 from runs.domain.catalogue import register
+from runs.domain.receipts import Trace
 from runs.domain.text import clipped
 from runs.providers.client import ProviderError, Reply, ToolCall
+from runs.providers.metering import Meter
 from runs.runtime.host import Host
 from runs.runtime.output import LiveOutput
 from runs.runtime.token import CancellationToken, Why
@@ -102,6 +105,12 @@ class Context:
         self._step_data: dict = {}  # what the step's event records: replies, tool calls
         self._step_calls: dict = {}  # the step's tool calls by digest, for the loop guard
         self._output: LiveOutput | None = None
+        # For the stop receipt: the attempt's provider connections and chunks (recorded by
+        # the provider's transport), its tool calls in flight and those refused.
+        self.meter = Meter()
+        self._in_flight: dict[int, dict] = {}
+        self._refused = 0
+        self._tool_keys = itertools.count()
 
     # --- the activity log ----------------------------------------------------------------
 
@@ -276,17 +285,48 @@ class Context:
         The call and its duration are recorded in the step's event."""
         return await self._timed(fn, args, kwargs, name=getattr(fn, "__name__", str(fn)))
 
+    async def start_tool(self, name: str, arguments) -> int:
+        """The fence before a tool starts: refused (``Interrupted``, counted on the stop
+        receipt, the tool never runs) once a cancel or stop of the run is asked, whether its
+        live signal has cancelled the token yet or only the request is committed (the host
+        checks). Else the call is in flight until ``end_tool``: a key for it."""
+        if not self.token.cancelled:
+            await self._host.fence(self)
+        if self.token.cancelled:
+            self._refused += 1
+            self.record_activity("tool", text=name, data={"ok": False, "refused": True})
+            raise Interrupted(self.token.why)
+        key = next(self._tool_keys)
+        self._in_flight[key] = {"tool": name, "digest": _digest(name, arguments)}
+        return key
+
+    def end_tool(self, key: int, *, stopped: bool = False) -> None:
+        """The call ``key`` returned (or failed); with ``stopped`` it was abandoned by the
+        stop and stays in flight on the receipt."""
+        if not stopped:
+            self._in_flight.pop(key, None)
+
+    def stop_trace(self) -> Trace:
+        """What the stop receipt is made of (``runs.domain.receipts``)."""
+        return Trace(connections=[tuple(c) for c in self.meter.connections],
+                     chunk_times=list(self.meter.chunk_times),
+                     tools_in_flight=list(self._in_flight.values()),
+                     tools_refused=self._refused, stopped_at=self.token.cancelled_at)
+
     async def _timed(self, fn: Callable, args, kwargs, *, name: str, call_id=None,
                      digest: str | None = None):
         record: dict = {"name": name, **({"call_id": call_id} if call_id else {}),
                         **({"digest": digest} if digest else {})}
+        key = await self.start_tool(name, {"args": list(args), **kwargs} if args else kwargs)
         started, at = time.perf_counter(), _now()
+        stopped = False
         try:
             if inspect.iscoroutinefunction(fn):
                 result = await self.race(fn(*args, **kwargs))
             else:
                 result = await self.race(self._host.run_sync_tool(fn, *args, **kwargs))
         except Interrupted:
+            stopped = True
             raise  # the step will not commit: nothing to record
         except Exception as error:
             record.update(ok=False, error=_capped(f"{type(error).__name__}: {error}", 500)[0])
@@ -295,6 +335,7 @@ class Context:
             record["ok"] = True
             return result
         finally:
+            self.end_tool(key, stopped=stopped)
             if "ok" in record:
                 record["ms"] = round((time.perf_counter() - started) * 1000, 2)
                 self._step_data.setdefault("tools", []).append(record)
@@ -430,6 +471,14 @@ class Context:
 
 def _now():
     return datetime.now(UTC)
+
+
+def _digest(name: str, arguments) -> str:
+    """The action digest of a call; arguments that are not JSON are digested as text."""
+    try:
+        return action_digest(name, arguments)
+    except (TypeError, ValueError):
+        return action_digest(name, json.loads(json.dumps(arguments, default=repr)))
 
 
 def _answered(conversation: list[dict]) -> bool:
