@@ -162,6 +162,24 @@ class Context:
                        ms=(time.perf_counter() - started) * 1000, tokens=used)
         return result
 
+    def model_call(self, *, model: str, ms: float, tokens: int, at=None,
+                   data: dict | None = None) -> None:
+        """Count a model call a framework made on its own (``runs.agents.*``): its tokens
+        go into the step's usage (and so toward ``max_tokens``), and an activity entry of
+        kind ``model`` is recorded with its duration."""
+        self._step_tokens += int(tokens or 0)
+        self.record_activity("model", **({"at": at} if at else {}), text=model or "model",
+                             ms=ms, tokens=int(tokens or 0), data=data)
+
+    def model_name(self, name: str | None = None) -> str:
+        """``name``, or the configured provider's default model (AWAKEN_PROVIDER_MODEL)."""
+        return name or self._host.provider.config.model
+
+    def provider_client(self):
+        """The OpenAI SDK client of the configured provider, metered and closed like our own
+        calls (``runs.providers.client.ChatClient.openai_client``): for the adapters."""
+        return self._host.provider.openai_client()
+
     async def chat(self, messages: Iterable[dict], *, model: str | None = None,
                    tools: Iterable | None = None, stream: bool = True,
                    timeout: float | None = None, **params) -> Reply:
@@ -299,6 +317,11 @@ class Context:
         key = next(self._tool_keys)
         self._in_flight[key] = {"tool": name, "digest": _digest(name, arguments)}
         return key
+
+    def inbox(self) -> list:
+        """The messages waiting in the live inbox now, taken (wakes dropped); never waits.
+        The adapters hand them to their framework before its next model call."""
+        return self._host.take_inbox(self)
 
     def end_tool(self, key: int, *, stopped: bool = False) -> None:
         """The call ``key`` returned (or failed); with ``stopped`` it was abandoned by the

@@ -108,6 +108,13 @@ class AttemptHost:
                 return item.message
             await ctx.race(entry.arrival())
 
+    def take_inbox(self, ctx: Context) -> list:
+        taken = []
+        while (item := self.entry.take()) is not None:
+            if item.message is not None:
+                taken.append(item.message)
+        return taken
+
     # --- the activity log --------------------------------------------------------------
 
     def activity(self, ctx: Context, entry: dict) -> None:

@@ -58,6 +58,9 @@ class Host(Protocol):
         """The next item of the attempt's live inbox (a message, or None for a wake),
         waiting for one; a pause asked meanwhile is taken here."""
 
+    def take_inbox(self, ctx: Context) -> list:
+        """Every message waiting in the attempt's live inbox, taken at once (no wait)."""
+
     # --- the activity log --------------------------------------------------------------
 
     def activity(self, ctx: Context, entry: dict) -> None:
