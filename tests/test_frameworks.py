@@ -20,7 +20,7 @@ from runs.models import Attempt, Event, Run
 from runs.runtime.executor import Executor
 from runs.runtime.token import Why
 
-FRAMEWORKS = ["pydantic_ai"]
+FRAMEWORKS = ["pydantic_ai", "openai_agents"]
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -50,7 +50,19 @@ def _pydantic_ai_agents():
     return {"chat": "pydantic_ai.chat", "tools": "test.pai.tools", "stuck": "test.pai.stuck"}
 
 
-AGENTS = {"pydantic_ai": _pydantic_ai_agents}
+def _openai_agents_agents():
+    from agents import Agent, function_tool
+
+    from runs.agents.openai_agents import wrap
+
+    wrap(lambda: Agent(name="tools", instructions="Use the tool.",
+                       tools=[function_tool(lookup)]), name="test.oai.tools")
+    wrap(lambda: Agent(name="stuck", instructions="Use the tool.",
+                       tools=[function_tool(stuck)]), name="test.oai.stuck")
+    return {"chat": "openai_agents.chat", "tools": "test.oai.tools", "stuck": "test.oai.stuck"}
+
+
+AGENTS = {"pydantic_ai": _pydantic_ai_agents, "openai_agents": _openai_agents_agents}
 
 
 @pytest.fixture(scope="module")
