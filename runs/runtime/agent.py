@@ -401,6 +401,11 @@ class Context:
         cancelled = self.token.wait()
         try:
             await asyncio.wait({work, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # The task racing was cancelled itself (a framework cancelling the task that
+            # runs a node, say): the work goes with it, never left running on its own.
+            work.cancel()
+            raise
         finally:
             if not cancelled.done():
                 cancelled.cancel()
