@@ -26,6 +26,9 @@ def test_pydantic_ai():
     assert callable(CancellationToken().cancel) and callable(OpenAIChatModel)
     assert ModelMessagesTypeAdapter.validate_python([]) == []
     assert ModelRequest(parts=[UserPromptPart("hi")]).parts[0].content == "hi"
+    from pydantic_ai import RunContext
+
+    assert hasattr(RunContext, "enqueue")  # the live inbox goes in through it
     for check in ("is_model_request_node", "is_call_tools_node", "is_end_node"):
         assert hasattr(Agent, check), check
 

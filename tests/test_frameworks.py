@@ -234,3 +234,29 @@ def test_a_tool_that_never_returns_is_abandoned_on_a_cancel(framework, agents, e
     assert done.steps == steps  # the tool's turn committed nothing
     (call,) = done.control.receipt["tool_calls_in_flight"]
     assert call["tool"] == "stuck"
+
+
+@pytest.mark.parametrize("framework", ["pydantic_ai", "openai_agents"])
+def test_a_message_to_the_live_inbox_reaches_the_model_before_its_next_call(
+        framework, agents, executor, stub_server):
+    """Posted while the first model call is out, the message goes to the model as the
+    user's, in the next call (LangGraph's nodes take it themselves, with ``inbox()``)."""
+    model = f"echo+hang=0+inbox-{framework}"
+    stub = stub_server.stub
+    run = start(executor, agents[framework]["tools"], {"prompt": "C-1", "model": model})
+    stub.wait(lambda calls: [c for c in calls if c.model == model and c.holding],
+              what="the first call")
+    assert executor.registry.apply(str(run.id), 1, "message", message="steer", actor="olga",
+                                   source="api")
+
+    def released_or_ended():
+        done = Run.objects.get(pk=run.id)
+        if done.state == "ended":
+            return done
+        if any(c.model == model and c.holding for c in stub.calls):
+            stub.release()
+        return None
+
+    done = wait_until(released_or_ended, 30, "the run to end")
+    assert done.end_cause == "completed", done.error
+    assert done.output["text"].startswith("You said: steer")

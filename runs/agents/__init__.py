@@ -3,7 +3,8 @@
     from runs.agents import Agent, register, tool
 
 An agent is an async ``run(ctx)`` that returns the run's output; ``ctx`` is its ``Context``
-(model calls, tools, steps, the live inbox, pauses). ``register`` adds an agent class to the
+(model calls, tools, steps, the live inbox, pauses, approvals: ``ctx.approval`` returns a
+``Decision``). ``register`` adds an agent class to the
 catalogue when its module is imported. The adapters for agents written with a framework
 live next to this module, one per framework (``runs.agents.pydantic_ai``,
 ``runs.agents.openai_agents``, ``runs.agents.langgraph``), each imported only by the
@@ -21,6 +22,7 @@ from runs.runtime.agent import (
     Agent,
     BudgetExceeded,
     Context,
+    Decision,
     Interrupted,
     Paused,
     ProviderError,
@@ -30,8 +32,8 @@ from runs.runtime.agent import (
     tool,
 )
 
-__all__ = ["Agent", "BudgetExceeded", "Context", "Interrupted", "Paused", "ProviderError",
-           "Reply", "Tool", "demo_agents_enabled", "register", "tool"]
+__all__ = ["Agent", "BudgetExceeded", "Context", "Decision", "Interrupted", "Paused",
+           "ProviderError", "Reply", "Tool", "demo_agents_enabled", "register", "tool"]
 
 
 def demo_agents_enabled() -> bool:

@@ -125,13 +125,11 @@ def _model(ctx: Context):
 def _control(ctx: Context):
     """The capability that puts pydantic-ai's model requests and tools under the host."""
     from pydantic_ai.capabilities import AbstractCapability
-    from pydantic_ai.messages import ModelRequest, UserPromptPart
 
     class Control(AbstractCapability):
         async def before_model_request(self, run_ctx, request_context):
-            for message in ctx.inbox():  # the live inbox, before the next request
-                text = message if isinstance(message, str) else _json(message)
-                run_ctx.messages.append(ModelRequest(parts=[UserPromptPart(text)]))
+            for message in ctx.inbox():  # the live inbox, into this request and the history
+                run_ctx.enqueue(message if isinstance(message, str) else _json(message))
             return request_context
 
         async def wrap_model_request(self, run_ctx, *, request_context, handler):
