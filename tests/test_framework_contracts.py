@@ -43,6 +43,14 @@ def test_openai_agents():
     assert MaxTurnsExceeded("x").run_data is None  # the SDK fills it in when it raises
     for hook in ("on_llm_start", "on_llm_end", "on_tool_start", "on_tool_end"):
         assert hasattr(RunHooks, hook), hook
+    # Approvals: needs_approval interrupts the run; its RunState goes to JSON and back.
+    from agents import RunState, ToolApprovalItem, function_tool
+
+    assert "needs_approval" in parameters(function_tool)
+    for method in ("to_json", "from_json", "get_interruptions", "approve", "reject"):
+        assert hasattr(RunState, method), method
+    assert "rejection_message" in parameters(RunState.reject)
+    assert {"tool_name", "arguments"} <= set(dir(ToolApprovalItem))
 
 
 def test_langgraph():

@@ -260,3 +260,30 @@ def test_a_message_to_the_live_inbox_reaches_the_model_before_its_next_call(
     done = wait_until(released_or_ended, 30, "the run to end")
     assert done.end_cause == "completed", done.error
     assert done.output["text"].startswith("You said: steer")
+
+
+def awaiting(run_id, timeout=20) -> Run:
+    return wait_until(lambda: (lambda run: run if run.state == "awaiting" else None)(
+        Run.objects.select_related("ticket").get(pk=run_id)), timeout, "the run to await")
+
+
+@pytest.mark.parametrize("framework", ["openai_agents"])
+@pytest.mark.parametrize("decision", [{"approved": True},
+                                      {"approved": False, "reason": "not today"}])
+def test_a_tool_that_needs_approval_waits_for_its_ticket_and_runs_only_approved(
+        framework, decision, agents, executor, stub_server):
+    run = start(executor, f"{framework}.approval", {"prompt": "bob@example.com"})
+    paused = awaiting(run.id)
+    action = paused.ticket.action
+    assert action["tool"] == "send_email"
+    assert action["arguments"] == {"to": "bob@example.com", "body": "bob@example.com"}
+    domain.run_resume(run_id=run.id, ticket_id=paused.ticket.pk, input=decision,
+                      actor="olga", source="api")
+    assert executor.start([run.id]) == 1
+    done = ended(run.id)
+    assert done.end_cause == "completed", done.error
+    if decision["approved"]:
+        assert done.output["sent"] == [{"to": "bob@example.com", "body": "bob@example.com"}]
+        assert "sent to bob@example.com" in done.output["text"]
+    else:
+        assert done.output["sent"] == [] and "not today" in done.output["text"]

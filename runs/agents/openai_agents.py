@@ -72,40 +72,76 @@ class OpenAIAgentsAgent(Agent):
         return str(input.get("prompt") or "")
 
     @staticmethod
-    def output(value):
+    def output(value, items=()):
         return {"text": value if isinstance(value, str) else str(value)}
 
     async def run(self, ctx: Context):
-        from agents import MaxTurnsExceeded, RunConfig, Runner
+        from agents import MaxTurnsExceeded, RunConfig, Runner, RunState, ToolApprovalItem
         from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
 
         state = ctx.state.get(STATE_KEY) or {}
         if "output" in state:
             return state["output"]
         items = list(state.get("input") or [{"role": "user", "content": self.prompt(ctx.input)}])
+        paused = None  # the SDK's RunState of a turn its tools' approvals interrupted
+        if "run_state" in state:
+            paused = await RunState.from_json(self.agent, state["run_state"])
         config = RunConfig(
             model=OpenAIChatCompletionsModel(model=ctx.model_name(ctx.input.get("model")),
                                              openai_client=ctx.provider_client()),
             tracing_disabled=True)
         hooks = _hooks(ctx)
         for _ in range(self.max_turns):
+            if paused is not None:
+                await self._decide(ctx, paused)
             async with ctx.step():
-                items += [{"role": "user", "content": _text(message)}
-                          for message in ctx.inbox()]
+                if paused is None:
+                    items += [{"role": "user", "content": _text(message)}
+                              for message in ctx.inbox()]
                 try:
-                    result = await ctx.race(Runner.run(self.agent, items, max_turns=1,
-                                                       run_config=config, hooks=hooks))
+                    result = await ctx.race(Runner.run(
+                        self.agent, items if paused is None else paused,
+                        max_turns=1,
+                        run_config=config, hooks=hooks))
                 except MaxTurnsExceeded as more:  # the turn ended with tools run: go on
                     data = more.run_data
                     start = data.input if isinstance(data.input, list) else [
                         {"role": "user", "content": data.input}]
-                    items = [*start, *(item.to_input_item() for item in data.new_items)]
+                    items = [*start, *(item.to_input_item() for item in data.new_items
+                                       if not isinstance(item, ToolApprovalItem))]
                     ctx.state[STATE_KEY] = {"input": _plain(items)}
+                    paused = None
+                    continue
+                if result.interruptions:  # tools that need approval: committed, then asked
+                    paused = result.to_state()
+                    ctx.state[STATE_KEY] = {"input": _plain(items),
+                                            "run_state": paused.to_json()}
                     continue
                 ctx.state[STATE_KEY] = {"input": _plain(result.to_input_list()),
-                                        "output": self.output(result.final_output)}
+                                        "output": self.output(result.final_output,
+                                                              result.to_input_list())}
             return ctx.state[STATE_KEY]["output"]
         raise RuntimeError(f"The agent still asked for tools after {self.max_turns} turns.")
+
+    async def _decide(self, ctx: Context, paused) -> None:
+        """Each tool call the SDK holds for approval becomes our approval ticket, one at a
+        time (``Context.approval``: the run awaits the decision); approved, the call is
+        approved in the SDK's state, refused, it is rejected with the reason, which the
+        model is told. The SDK runs the arguments the model gave: an edit of them cannot be
+        applied, so an edited approval is refused, saying so."""
+        for item in paused.get_interruptions():
+            arguments = _arguments(item.arguments)
+            ctx.state[STATE_KEY] = {**ctx.state.get(STATE_KEY, {}),
+                                    "run_state": paused.to_json()}
+            decision = await ctx.approval(item.tool_name or item.name, arguments)
+            if decision.approved and not decision.edited:
+                paused.approve(item)
+            else:
+                paused.reject(item, rejection_message=(
+                    "The tool call was refused" + (f": {decision.reason}" if decision.reason
+                                                   else ".") if not decision.approved else
+                    "Edited arguments cannot be applied to this agent's tool calls; the "
+                    "call was not run."))
 
 
 def _hooks(ctx: Context):
@@ -178,3 +214,35 @@ def _chat_agent():
 
 
 wrap(_chat_agent, name="openai_agents.chat")
+
+
+def send_email(to: str, body: str) -> str:
+    """Send an email (the shipped approval agent's tool: it only says it did)."""
+    return f"sent to {to}"
+
+
+def _approval_agent():
+    from agents import Agent as SDKAgent
+    from agents import function_tool
+
+    return SDKAgent(name="approval", instructions="Send the email the user asks for.",
+                    tools=[function_tool(send_email, needs_approval=True)])
+
+
+def _sent(value, items=()):
+    """The approval agent's output: its answer and the emails that went out."""
+    import json
+
+    calls = {item.get("call_id"): item for item in items
+             if isinstance(item, dict) and item.get("type") == "function_call"}
+    sent = []
+    for item in items:
+        if (isinstance(item, dict) and item.get("type") == "function_call_output"
+                and str(item.get("output", "")).startswith("sent to")):
+            call = calls.get(item.get("call_id")) or {}
+            arguments = json.loads(call.get("arguments") or "{}")
+            sent.append({"to": arguments.get("to"), "body": arguments.get("body")})
+    return {"text": value if isinstance(value, str) else str(value), "sent": sent}
+
+
+wrap(_approval_agent, name="openai_agents.approval", output=_sent)
