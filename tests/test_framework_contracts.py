@@ -29,6 +29,15 @@ def test_pydantic_ai():
     from pydantic_ai import RunContext
 
     assert hasattr(RunContext, "enqueue")  # the live inbox goes in through it
+    # Approvals: a capability answers the deferred calls of requires_approval tools.
+    from pydantic_ai import Tool
+    from pydantic_ai.tools import DeferredToolResults, ToolApproved, ToolDenied
+
+    assert hasattr(AbstractCapability, "handle_deferred_tool_calls")
+    assert "requires_approval" in parameters(Tool.__init__)
+    assert ToolApproved(override_args={"a": 1}).override_args == {"a": 1}
+    assert ToolDenied("no").message == "no"
+    assert DeferredToolResults(approvals={"c": True}).approvals == {"c": True}
     for check in ("is_model_request_node", "is_call_tools_node", "is_end_node"):
         assert hasattr(Agent, check), check
 

@@ -267,7 +267,7 @@ def awaiting(run_id, timeout=20) -> Run:
         Run.objects.select_related("ticket").get(pk=run_id)), timeout, "the run to await")
 
 
-@pytest.mark.parametrize("framework", ["openai_agents"])
+@pytest.mark.parametrize("framework", ["pydantic_ai", "openai_agents"])
 @pytest.mark.parametrize("decision", [{"approved": True},
                                       {"approved": False, "reason": "not today"}])
 def test_a_tool_that_needs_approval_waits_for_its_ticket_and_runs_only_approved(

@@ -72,7 +72,7 @@ class PydanticAIAgent(Agent):
         return str(input.get("prompt") or "")
 
     @staticmethod
-    def output(value):
+    def output(value, messages=()):
         return {"text": value if isinstance(value, str) else str(value)}
 
     async def run(self, ctx: Context):
@@ -107,7 +107,8 @@ class PydanticAIAgent(Agent):
                         ctx.state[STATE_KEY] = {
                             "messages": ModelMessagesTypeAdapter.dump_python(
                                 messages, mode="json"),
-                            **({"output": self.output(node.data.output)} if done else {})}
+                            **({"output": self.output(node.data.output, messages)}
+                               if done else {})}
                 return ctx.state[STATE_KEY]["output"]
         except Interrupted:
             token.cancel()  # pydantic-ai's own cancel, for whatever it still holds
@@ -143,6 +144,24 @@ def _control(ctx: Context):
                                  "finish_reason": response.finish_reason})
             return response
 
+        async def handle_deferred_tool_calls(self, run_ctx, *, requests):
+            """Tools made with ``requires_approval=True``: each call becomes our approval
+            ticket (``Context.approval``; the run awaits the decision). Approved, it runs
+            with the approved (or edited) arguments; refused, the model is told why."""
+            from pydantic_ai.tools import DeferredToolResults, ToolApproved, ToolDenied
+
+            if requests.calls:
+                return None  # calls run outside the agent are not ours to answer
+            approvals = {}
+            for call in requests.approvals:
+                decision = await ctx.approval(call.tool_name, call.args_as_dict())
+                approvals[call.tool_call_id] = (
+                    ToolApproved(override_args=decision.arguments if decision.edited else None)
+                    if decision.approved else
+                    ToolDenied("The tool call was refused" + (
+                        f": {decision.reason}" if decision.reason else ".")))
+            return DeferredToolResults(approvals=approvals)
+
         async def wrap_tool_execute(self, run_ctx, *, call, tool_def, args, handler):
             arguments = call.args_as_dict()
             key = await ctx.start_tool(call.tool_name, arguments)
@@ -175,5 +194,38 @@ def _chat_agent():
     return PydanticAgent(instructions="Answer the user's message.", name="chat")
 
 
-if demo_agents_enabled():  # the shipped agents (API.md, "Framework agents")
-    wrap(_chat_agent, name="pydantic_ai.chat")
+wrap(_chat_agent, name="pydantic_ai.chat")
+
+
+def send_email(to: str, body: str) -> str:
+    """Send an email (the shipped approval agent's tool: it only says it did)."""
+    return f"sent to {to}"
+
+
+def _approval_agent():
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai import Tool
+
+    return PydanticAgent(instructions="Send the email the user asks for.", name="approval",
+                         tools=[Tool(send_email, requires_approval=True)])
+
+
+def _sent(value, messages=()):
+    """The approval agent's output: its answer and the emails that went out."""
+    from pydantic_ai.messages import ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart
+
+    calls = {part.tool_call_id: part for message in messages
+             if isinstance(message, ModelResponse) for part in message.parts
+             if isinstance(part, ToolCallPart)}
+    sent = []
+    for message in messages:
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                if (isinstance(part, ToolReturnPart) and part.tool_name == "send_email"
+                        and str(part.content).startswith("sent to")):
+                    arguments = calls[part.tool_call_id].args_as_dict()
+                    sent.append({"to": arguments.get("to"), "body": arguments.get("body")})
+    return {"text": value if isinstance(value, str) else str(value), "sent": sent}
+
+
+wrap(_approval_agent, name="pydantic_ai.approval", output=_sent)
