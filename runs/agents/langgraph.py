@@ -39,7 +39,7 @@ controlled: its connection is not ours to close.
 import base64
 from contextvars import ContextVar
 
-from runs.agents import Agent, Context, register
+from runs.agents import Agent, Context, demo_agents_enabled, register
 
 STATE_KEY = "langgraph"
 START_NODE = "__start__"  # langgraph.constants.START
@@ -241,5 +241,7 @@ def _chat_graph():
     return graph
 
 
-wrap(_chat_graph, name="langgraph.chat", input=lambda input: {"prompt": input.get("prompt")},
-     output=lambda state: {"text": state.get("text")})
+if demo_agents_enabled():  # the shipped agents (API.md, "Framework agents")
+    wrap(_chat_graph, name="langgraph.chat",
+         input=lambda input: {"prompt": input.get("prompt")},
+         output=lambda state: {"text": state.get("text")})

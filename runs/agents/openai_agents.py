@@ -30,7 +30,7 @@ What the wrapper does, on the SDK's public API (``Runner.run``, ``RunConfig``,
 import time
 from datetime import UTC, datetime
 
-from runs.agents import Agent, Context, register
+from runs.agents import Agent, Context, demo_agents_enabled, register
 
 STATE_KEY = "openai_agents"
 
@@ -213,7 +213,8 @@ def _chat_agent():
     return SDKAgent(name="chat", instructions="Answer the user's message.")
 
 
-wrap(_chat_agent, name="openai_agents.chat")
+if demo_agents_enabled():  # the shipped agents (API.md, "Framework agents")
+    wrap(_chat_agent, name="openai_agents.chat")
 
 
 def send_email(to: str, body: str) -> str:
@@ -245,4 +246,5 @@ def _sent(value, items=()):
     return {"text": value if isinstance(value, str) else str(value), "sent": sent}
 
 
-wrap(_approval_agent, name="openai_agents.approval", output=_sent)
+if demo_agents_enabled():  # the shipped agents (API.md, "Framework agents")
+    wrap(_approval_agent, name="openai_agents.approval", output=_sent)

@@ -194,7 +194,8 @@ def _chat_agent():
     return PydanticAgent(instructions="Answer the user's message.", name="chat")
 
 
-wrap(_chat_agent, name="pydantic_ai.chat")
+if demo_agents_enabled():  # the shipped agents (API.md, "Framework agents")
+    wrap(_chat_agent, name="pydantic_ai.chat")
 
 
 def send_email(to: str, body: str) -> str:
@@ -228,4 +229,5 @@ def _sent(value, messages=()):
     return {"text": value if isinstance(value, str) else str(value), "sent": sent}
 
 
-wrap(_approval_agent, name="pydantic_ai.approval", output=_sent)
+if demo_agents_enabled():  # the shipped agents (API.md, "Framework agents")
+    wrap(_approval_agent, name="pydantic_ai.approval", output=_sent)
