@@ -24,7 +24,7 @@ class RunsConfig(AppConfig):
     def ready(self):
         # Imported here, not at the top: these modules use the models, which Django loads
         # only after this module.
-        from runs.agents import demo_agents_enabled
+        from runs.agents import demo_agents_enabled, frameworks
         from runs.changes import publishing
         from runs.domain import outside, prices
         from runs.workers import dispatch
@@ -33,6 +33,7 @@ class RunsConfig(AppConfig):
         prices.parse_prices(settings.AWAKEN_MODEL_PRICES)  # a bad table stops the start-up
         if demo_agents_enabled():
             import_module("runs.agents.demo")  # registers the demo agents
+            frameworks.register_installed()  # the shipped agents of the installed frameworks
         load_agents(settings.AWAKEN_AGENTS)
 
 

@@ -532,6 +532,12 @@ class ControlIntent(models.Model):
         Run, null=True, blank=True, on_delete=models.PROTECT, related_name="+",
         db_index=False, help_text="The parent run whose end or lost attempt asked for this.",
     )
+    receipt = models.JSONField(
+        null=True, blank=True,
+        help_text="The stop receipt, written when the attempt it stopped ended: when the "
+                  "provider connection closed, tokens that arrived after the request, the "
+                  "tool calls in flight and those refused.",
+    )
 
     class Meta:
         ordering = ["-requested_at"]
@@ -636,7 +642,9 @@ class MetricDelta(models.Model):
 
     ``name`` and ``key``: ``runs`` / ``state|end_cause``, ``lost`` / ``""``, ``stop`` /
     ``path|bucket`` (the index of the first bound of ``STOP_BUCKETS`` the time is within,
-    their count if none) and ``stop_sum`` / ``path`` (seconds)."""
+    their count if none) and ``stop_sum`` / ``path`` (seconds); and, written by the finish
+    boundary with each stop receipt, ``receipts``, ``late_tokens``, ``tools_in_flight`` and
+    ``tools_refused`` / ``""``."""
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=16)

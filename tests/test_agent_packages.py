@@ -66,7 +66,7 @@ def scratch(tmp_path, monkeypatch):
 
 
 AGENT_MODULE = '''
-from runs.runtime.agent import Agent{register_import}
+from runs.agents import Agent{register_import}
 
 
 {decorator}class Mine(Agent):

@@ -151,6 +151,12 @@ def test_a_cancel_mid_stream_closes_the_providers_connection_at_once(agent_site,
     assert [e["kind"] for e in events(agent_site, run["id"])] == [
         "created", "started", "cancel_requested", "ended"]
     assert body["output"] is None and body["usage"]["tokens"] == 0
+    # The stop receipt: the connection closed, no chunk after the request, no tool.
+    receipt = body["control"]["receipt"]
+    closed = datetime.fromisoformat(receipt["provider_closed_at"])
+    assert closed >= datetime.fromisoformat(body["control"]["requested_at"])
+    assert receipt["tokens_after_request"] == 0
+    assert receipt["tool_calls_in_flight"] == [] and receipt["tool_calls_refused"] == 0
 
 
 def test_a_retry_cancelled_in_its_backoff_ends_the_run_and_never_goes_out(agent_site,

@@ -148,6 +148,9 @@ class PausingHost:
     async def run_sync_tool(self, fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
+    async def fence(self, ctx):  # the worker's reads the committed request (test_receipts)
+        pass
+
     async def before_step(self, ctx):
         ctx.check()
 

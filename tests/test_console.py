@@ -175,6 +175,9 @@ class Host:
     def __init__(self):
         self.paused = None
 
+    async def fence(self, ctx):  # no request is ever committed here
+        pass
+
     async def before_step(self, ctx):
         pass
 

@@ -393,6 +393,9 @@ def test_abandoned_blocking_tools_are_replaced_and_past_the_cap_fail_at_once():
     class ToolHost:  # the part of the host interface a tool call uses
         run_sync_tool = executor.tool_threads.run
 
+        async def fence(self, ctx):
+            pass
+
         def activity(self, ctx, entry):
             pass
 

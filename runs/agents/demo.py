@@ -8,7 +8,7 @@ import asyncio
 import re
 import threading
 
-from runs.runtime.agent import Agent, Context, register, tool
+from runs.agents import Agent, Context, register, tool
 
 # Blocking demo tools wait on this; nothing sets it in production (tests release their
 # abandoned threads with it).

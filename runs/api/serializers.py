@@ -78,6 +78,21 @@ class TicketSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
+class ToolCallSerializer(serializers.Serializer):
+    tool = serializers.CharField()
+    digest = serializers.CharField(help_text="SHA-256 of the canonical JSON of the call.")
+
+
+class ReceiptSerializer(serializers.Serializer):
+    provider_closed_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the provider connection open at the stop closed.")
+    tokens_after_request = serializers.IntegerField(
+        help_text="Streamed chunks that arrived after the request was committed.")
+    tool_calls_in_flight = ToolCallSerializer(many=True)
+    tool_calls_refused = serializers.IntegerField(
+        help_text="Tool calls the host refused after the request was committed.")
+
+
 class ControlSerializer(serializers.Serializer):
     action = serializers.CharField()
     reason = serializers.CharField(allow_null=True)
@@ -90,6 +105,8 @@ class ControlSerializer(serializers.Serializer):
     caused_by = serializers.UUIDField(
         allow_null=True,
         help_text="The parent run whose end (or lost attempt) asked for this one.")
+    receipt = ReceiptSerializer(
+        allow_null=True, help_text="The stop receipt, once the attempt it stopped ended.")
 
 
 class BudgetSerializer(serializers.Serializer):

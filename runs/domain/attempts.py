@@ -32,6 +32,7 @@ from runs.domain.core import (
     release_claim,
 )
 from runs.domain.errors import Fenced, InvalidRequest, WorkerNotFound
+from runs.domain.receipts import Trace
 from runs.domain.schemas import check_schema
 from runs.domain.text import short_id
 from runs.models import (
@@ -155,7 +156,8 @@ def budget_of(run: Run) -> dict:
 
 
 def attempt_budget_reached(*, run_id, generation: int, code: str, reason: str,
-                           digest: str | None = None) -> ResumeTicket | bool:
+                           digest: str | None = None,
+                           trace: Trace | None = None) -> ResumeTicket | bool:
     """A budget of the run is reached (``code``: a stop code, ``reason``: what to read).
 
     As the run asked (``on_exhausted``): it ends ``stopped`` with ``code``
@@ -172,7 +174,7 @@ def attempt_budget_reached(*, run_id, generation: int, code: str, reason: str,
             return False
         if not loop and run.on_exhausted != OnExhausted.PAUSE:
             return attempt_stop_by_policy(run_id=run_id, generation=generation, code=code,
-                                          reason=reason)
+                                          reason=reason, trace=trace)
         limit = next(key for key, stop in limits.STOP_CODES.items() if stop == code)
         prompt = {"limit": limit, "stop_code": code, "message": reason,
                   "budget": budget_of(run), "usage": usage_of(run)}
@@ -247,15 +249,19 @@ def attempt_pause(*, run_id, generation: int, reason: str = TicketReason.MANUAL_
 
 
 def attempt_finish(*, run_id, generation: int, ending: Ending, actor: str | None = None,
-                   source: str | None = "worker") -> bool:
-    """Finish the run from its live attempt. False: the result is late and is dropped."""
+                   source: str | None = "worker", trace: Trace | None = None) -> bool:
+    """Finish the run from its live attempt. False: the result is late and is dropped.
+    ``trace`` (``runs.domain.receipts``): the attempt's, for the receipt of a request that
+    is pending; the same for the transitions below."""
     with transaction.atomic():
         run = locked_run(run_id)
-        return finish(run, ending, generation=generation, actor=actor, source=source)
+        return finish(run, ending, generation=generation, actor=actor, source=source,
+                      trace=trace)
 
 
 def attempt_interrupted(*, run_id, generation: int, actor: str | None = None,
-                        source: str | None = None, accepted_at=None) -> bool:
+                        source: str | None = None, accepted_at=None,
+                        trace: Trace | None = None) -> bool:
     """End the run after its attempt's token was cancelled (at ``accepted_at``).
 
     The pending intent says how (cancelled, or stopped with its reason and code) and records
@@ -271,7 +277,8 @@ def attempt_interrupted(*, run_id, generation: int, actor: str | None = None,
             ending, actor, source = Ending.from_intent(intent), intent.requested_by, intent.source
         else:
             ending = Ending.cancelled()
-        return finish(run, ending, generation=generation, actor=actor, source=source)
+        return finish(run, ending, generation=generation, actor=actor, source=source,
+                      trace=trace)
 
 
 PARENT_GONE = {"command": "was asked to end", "fenced": "lost its attempt",
@@ -279,7 +286,8 @@ PARENT_GONE = {"command": "was asked to end", "fenced": "lost its attempt",
 
 
 def attempt_parent_gone(*, run_id, generation: int, parent_id, why: str,
-                        actor: str | None = None, source: str | None = None) -> bool:
+                        actor: str | None = None, source: str | None = None,
+                        trace: Trace | None = None) -> bool:
     """End a child run whose attempt's token was cancelled with its parent's (``why``: how
     the parent's token was cancelled). Nothing ends without a record of why: a pending
     request is applied; otherwise a cancel intent naming the parent is recorded first."""
@@ -292,10 +300,11 @@ def attempt_parent_gone(*, run_id, generation: int, parent_id, why: str,
             reason=f"Parent run {short_id(parent_id)} {PARENT_GONE.get(why, 'ended')}.",
             actor=actor or "worker", source=source or Source.WORKER, caused_by_id=parent_id)
         return finish(run, Ending.from_intent(intent), generation=generation,
-                      actor=intent.requested_by, source=intent.source)
+                      actor=intent.requested_by, source=intent.source, trace=trace)
 
 
-def attempt_stop_by_policy(*, run_id, generation: int, code: str, reason: str) -> bool:
+def attempt_stop_by_policy(*, run_id, generation: int, code: str, reason: str,
+                           trace: Trace | None = None) -> bool:
     """A budget or other host policy ends the run ``stopped`` with ``code``.
 
     The policy's request is recorded like an operator's (source ``policy``); a cancel or
@@ -309,7 +318,7 @@ def attempt_stop_by_policy(*, run_id, generation: int, code: str, reason: str) -
             run, action=ControlAction.STOP, reason=reason, stop_code=code, actor="policy",
             source=Source.POLICY)
         return finish(run, Ending.from_intent(intent), generation=generation,
-                      actor=intent.requested_by, source=intent.source)
+                      actor=intent.requested_by, source=intent.source, trace=trace)
 
 
 # A worker renews its attempts this many per statement. Each statement holds its attempts'

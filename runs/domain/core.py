@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from runs.domain import outside, sql
 from runs.domain.errors import RunNotFound
+from runs.domain.receipts import Trace, count_receipt, receipt
 from runs.domain.text import clipped, quoted_id, short_id
 from runs.models import (
     AppliedVia,
@@ -259,6 +260,7 @@ def finish(
     actor: str | None = None,
     source: str | None = None,
     via: str = AppliedVia.LIVE,
+    trace: Trace | None = None,
 ) -> bool:
     """The finish boundary: commit ``ending`` as the run's terminal state, or refuse.
 
@@ -271,7 +273,9 @@ def finish(
     1. the run moves to ``ended`` with the cause, its details and ``ended_at``;
     2. the live attempt (if any) is closed and its running time added to the run;
     3. the open ticket (if any) is revoked;
-    4. the pending control intent (if any) is marked applied, ``via`` which path;
+    4. the pending control intent (if any) is marked applied, ``via`` which path, with
+       the stop receipt of the attempt's ``trace`` (``runs.domain.receipts``), counted on
+       /metrics;
     5. exactly one ``ended`` event is written;
     6. each of its children that has not ended is asked to end (``end_children``).
     """
@@ -298,7 +302,12 @@ def finish(
     if intent is not None:
         intent.applied_at = now
         intent.applied_via = via
-        also.append(sql.Update(intent, ("applied_at", "applied_via", "delivered_at")))
+        written = ("applied_at", "applied_via", "delivered_at")
+        if trace is not None:
+            intent.receipt = receipt(trace, intent.requested_at or now)
+            written += ("receipt",)
+            count_receipt(intent.receipt)
+        also.append(sql.Update(intent, written))
 
     run.state = RunState.ENDED
     run.end_cause = ending.cause

@@ -50,7 +50,8 @@ def control_data(intent) -> dict | None:
             "requested_by": intent.requested_by, "source": intent.source,
             "requested_at": when(intent.requested_at),
             "delivered_at": when(intent.delivered_at), "applied_at": when(intent.applied_at),
-            "caused_by": None if intent.caused_by_id is None else str(intent.caused_by_id)}
+            "caused_by": None if intent.caused_by_id is None else str(intent.caused_by_id),
+            "receipt": intent.receipt}
 
 
 # Left out of a run loaded without them (a large run in a list page).

@@ -80,6 +80,14 @@ def claim_holds(*, run_id, generation: int, owner: str) -> bool:
                       generation=generation, owner=owner)
 
 
+def pending_request(*, run_id) -> ControlIntent | None:
+    """The run's committed cancel or stop request not applied yet, if any: the fence a
+    host checks before it lets a tool start (a request can commit before its live signal
+    reaches the attempt). Read through the partial index of pending requests."""
+    return (ControlIntent.objects.filter(run_id=run_id, applied_at__isnull=True)
+            .only("requested_by", "source", "requested_at").first())
+
+
 # The orders of the run list: a sort name, ``-`` first for descending, and its column.
 SORTS = {"created": "created_at", "started": "started_at", "ended": "ended_at",
          "duration": "seconds_used"}

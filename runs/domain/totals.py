@@ -11,6 +11,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Sum
 
 from runs.domain.overview import STOP_BUCKETS
+from runs.domain.receipts import RECEIPT_TOTALS
 from runs.domain.sql import quoted
 from runs.models import MetricDelta
 
@@ -51,13 +52,15 @@ def totals() -> dict:
     """``runs``: ``{(state, end_cause or ""): count}``; ``lost``: attempts whose lease
     expired; ``time_to_stop``: per path its ``count``, ``sum`` (seconds) and cumulative
     ``buckets`` (``[(bound, count), ...]``, the last ``+Inf``), as
-    ``overview.time_to_stop`` gives them."""
+    ``overview.time_to_stop`` gives them; ``receipts``: the stop receipts written and what
+    they add up to (``receipts.RECEIPT_TOTALS``)."""
     rows = list(MetricDelta.objects.values_list("name", "key")
                 .annotate(total=Sum("value"), n=Count("id"))
                 .values_list("name", "key", "total", "n").order_by())
     if sum(n for *_, n in rows) > len(rows) + FOLD_AFTER:
         fold()
     runs, lost, stop, sums = {}, 0, {}, {}
+    receipts = dict.fromkeys(RECEIPT_TOTALS, 0)
     for name, key, value, _ in rows:
         if name == "runs":
             state, _, end_cause = key.partition("|")
@@ -71,6 +74,8 @@ def totals() -> dict:
             counts[int(index)] += round(value)
         elif name == "stop_sum":
             sums[key] = sums.get(key, 0.0) + value
+        elif name in receipts:
+            receipts[name] += round(value)
     time_to_stop = []
     for path in sorted(stop):
         counts, cumulative, buckets = stop[path], 0, []
@@ -82,4 +87,4 @@ def totals() -> dict:
         buckets.append(("+Inf", sum(counts)))
         time_to_stop.append({"path": path, "count": sum(counts), "sum": sums.get(path, 0.0),
                              "buckets": buckets})
-    return {"runs": runs, "lost": lost, "time_to_stop": time_to_stop}
+    return {"runs": runs, "lost": lost, "time_to_stop": time_to_stop, "receipts": receipts}

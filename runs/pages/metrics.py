@@ -41,7 +41,21 @@ class DatabaseCollector:
             "awaken_lease_expiries", "Attempts whose lease expired (worker lost or frozen).",
             value=now["lost"])
 
+        yield from self.receipts(now["receipts"])
         yield from self.workers()
+
+    def receipts(self, totals):
+        """What the stop receipts add up to (``runs.domain.receipts``)."""
+        for name, total, text in (
+                ("awaken_stop_receipts", "receipts",
+                 "Cancels and stops of running runs with a stop receipt."),
+                ("awaken_stop_tokens_after_request", "late_tokens",
+                 "Streamed chunks that arrived after a cancel or stop was requested."),
+                ("awaken_stop_tool_calls_in_flight", "tools_in_flight",
+                 "Tool calls in flight when their run was cancelled or stopped."),
+                ("awaken_stop_tool_calls_refused", "tools_refused",
+                 "Tool calls refused by the host after a cancel or stop was requested.")):
+            yield CounterMetricFamily(name, text, value=totals[total])
 
     def workers(self):
         """What each worker process reported with its last lease renewal (those heard from

@@ -249,7 +249,7 @@ def control_rows(intents, live_requests, events) -> list[dict]:
     rows = [{"action": intent.action, "by": intent.requested_by,
              "source": intent.get_source_display(), "reason": intent.reason or "",
              "at": intent.requested_at, "delivered": intent.delivered_at,
-             "committed": intent.applied_at} for intent in intents]
+             "committed": intent.applied_at, "receipt": intent.receipt} for intent in intents]
     sources = dict(Source.choices)
     for entry in live_requests:
         data = entry.data or {}

@@ -26,6 +26,7 @@ import httpx
 from django.conf import settings
 
 from runs.domain.text import clipped
+from runs.providers.metering import metered_transport
 
 ERROR_BODY_BYTES = 64 * 1024  # what is read of a refusal's body, for its message
 
@@ -156,20 +157,49 @@ class ChatClient:
                                     max_keepalive_connections=20)
         self._transport = transport
         self._http: httpx.AsyncClient | None = None
+        self._openai = None
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
             headers = {"Accept": "application/json, text/event-stream"}
             if self.config.api_key:
                 headers["Authorization"] = f"Bearer {self.config.api_key}"
+            transport = self._transport or metered_transport(httpx, limits=self._limits)
             self._http = httpx.AsyncClient(base_url=self.config.base_url, headers=headers,
-                                           limits=self._limits, transport=self._transport)
+                                           limits=self._limits, transport=transport)
         return self._http
+
+    def openai_client(self):
+        """The OpenAI SDK's ``AsyncOpenAI`` on the configured provider, for the agent
+        frameworks (``runs.agents.*``): its HTTP goes through a metered transport (httpx2,
+        which the SDK uses), so the runtime sees and closes its connections as it does
+        this client's. Retries are the SDK's (AWAKEN_PROVIDER_MAX_RETRIES), and so is the
+        timeout of each try. Needs the ``frameworks`` extra (the SDK comes with it)."""
+        if self._openai is None:
+            import httpx2
+            import openai
+
+            if not self.config.base_url:
+                raise ProviderNotConfigured("No model provider is configured: set "
+                                            "AWAKEN_PROVIDER_BASE_URL.")
+            limits = httpx2.Limits(max_connections=self._limits.max_connections,
+                                   max_keepalive_connections=20)
+            http = httpx2.AsyncClient(transport=metered_transport(httpx2, limits=limits),
+                                      timeout=httpx2.Timeout(self.config.timeout,
+                                                             connect=min(self.config.timeout,
+                                                                         10.0)))
+            self._openai = openai.AsyncOpenAI(
+                base_url=self.config.base_url, api_key=self.config.api_key or "unused",
+                http_client=http, max_retries=self.config.max_retries)
+        return self._openai
 
     async def aclose(self) -> None:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+        if self._openai is not None:
+            await self._openai.close()
+            self._openai = None
 
     def redact(self, text: str) -> str:
         """``text`` without the API key or the provider's address."""

@@ -9,6 +9,7 @@ against the attempt's cancellation token: a model call (``chat``), a tool, a chi
 
 import asyncio
 import inspect
+import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -19,8 +20,10 @@ from typing import Any
 
 from runs.domain.actions import action_digest
 from runs.domain.catalogue import register
+from runs.domain.receipts import Trace
 from runs.domain.text import clipped
 from runs.providers.client import ProviderError, Reply, ToolCall
+from runs.providers.metering import Meter
 from runs.runtime.host import Host
 from runs.runtime.output import LiveOutput
 from runs.runtime.token import CancellationToken, Why
@@ -102,6 +105,12 @@ class Context:
         self._step_data: dict = {}  # what the step's event records: replies, tool calls
         self._step_calls: dict = {}  # the step's tool calls by digest, for the loop guard
         self._output: LiveOutput | None = None
+        # For the stop receipt: the attempt's provider connections and chunks (recorded by
+        # the provider's transport), its tool calls in flight and those refused.
+        self.meter = Meter()
+        self._in_flight: dict[int, dict] = {}
+        self._refused = 0
+        self._tool_keys = itertools.count()
 
     # --- the activity log ----------------------------------------------------------------
 
@@ -152,6 +161,24 @@ class Context:
         self.record_activity("model", at=at, text=getattr(result, "model", None) or "inference",
                        ms=(time.perf_counter() - started) * 1000, tokens=used)
         return result
+
+    def model_call(self, *, model: str, ms: float, tokens: int, at=None,
+                   data: dict | None = None) -> None:
+        """Count a model call a framework made on its own (``runs.agents.*``): its tokens
+        go into the step's usage (and so toward ``max_tokens``), and an activity entry of
+        kind ``model`` is recorded with its duration."""
+        self._step_tokens += int(tokens or 0)
+        self.record_activity("model", **({"at": at} if at else {}), text=model or "model",
+                             ms=ms, tokens=int(tokens or 0), data=data)
+
+    def model_name(self, name: str | None = None) -> str:
+        """``name``, or the configured provider's default model (AWAKEN_PROVIDER_MODEL)."""
+        return name or self._host.provider.config.model
+
+    def provider_client(self):
+        """The OpenAI SDK client of the configured provider, metered and closed like our own
+        calls (``runs.providers.client.ChatClient.openai_client``): for the adapters."""
+        return self._host.provider.openai_client()
 
     async def chat(self, messages: Iterable[dict], *, model: str | None = None,
                    tools: Iterable | None = None, stream: bool = True,
@@ -276,17 +303,53 @@ class Context:
         The call and its duration are recorded in the step's event."""
         return await self._timed(fn, args, kwargs, name=getattr(fn, "__name__", str(fn)))
 
+    async def start_tool(self, name: str, arguments) -> int:
+        """The fence before a tool starts: refused (``Interrupted``, counted on the stop
+        receipt, the tool never runs) once a cancel or stop of the run is asked, whether its
+        live signal has cancelled the token yet or only the request is committed (the host
+        checks). Else the call is in flight until ``end_tool``: a key for it."""
+        if not self.token.cancelled:
+            await self._host.fence(self)
+        if self.token.cancelled:
+            self._refused += 1
+            self.record_activity("tool", text=name, data={"ok": False, "refused": True})
+            raise Interrupted(self.token.why)
+        key = next(self._tool_keys)
+        self._in_flight[key] = {"tool": name, "digest": _digest(name, arguments)}
+        return key
+
+    def inbox(self) -> list:
+        """The messages waiting in the live inbox now, taken (wakes dropped); never waits.
+        The adapters hand them to their framework before its next model call."""
+        return self._host.take_inbox(self)
+
+    def end_tool(self, key: int, *, stopped: bool = False) -> None:
+        """The call ``key`` returned (or failed); with ``stopped`` it was abandoned by the
+        stop and stays in flight on the receipt."""
+        if not stopped:
+            self._in_flight.pop(key, None)
+
+    def stop_trace(self) -> Trace:
+        """What the stop receipt is made of (``runs.domain.receipts``)."""
+        return Trace(connections=[tuple(c) for c in self.meter.connections],
+                     chunk_times=list(self.meter.chunk_times),
+                     tools_in_flight=list(self._in_flight.values()),
+                     tools_refused=self._refused, stopped_at=self.token.cancelled_at)
+
     async def _timed(self, fn: Callable, args, kwargs, *, name: str, call_id=None,
                      digest: str | None = None):
         record: dict = {"name": name, **({"call_id": call_id} if call_id else {}),
                         **({"digest": digest} if digest else {})}
+        key = await self.start_tool(name, {"args": list(args), **kwargs} if args else kwargs)
         started, at = time.perf_counter(), _now()
+        stopped = False
         try:
             if inspect.iscoroutinefunction(fn):
                 result = await self.race(fn(*args, **kwargs))
             else:
                 result = await self.race(self._host.run_sync_tool(fn, *args, **kwargs))
         except Interrupted:
+            stopped = True
             raise  # the step will not commit: nothing to record
         except Exception as error:
             record.update(ok=False, error=_capped(f"{type(error).__name__}: {error}", 500)[0])
@@ -295,6 +358,7 @@ class Context:
             record["ok"] = True
             return result
         finally:
+            self.end_tool(key, stopped=stopped)
             if "ok" in record:
                 record["ms"] = round((time.perf_counter() - started) * 1000, 2)
                 self._step_data.setdefault("tools", []).append(record)
@@ -337,6 +401,11 @@ class Context:
         cancelled = self.token.wait()
         try:
             await asyncio.wait({work, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # The task racing was cancelled itself (a framework cancelling the task that
+            # runs a node, say): the work goes with it, never left running on its own.
+            work.cancel()
+            raise
         finally:
             if not cancelled.done():
                 cancelled.cancel()
@@ -430,6 +499,14 @@ class Context:
 
 def _now():
     return datetime.now(UTC)
+
+
+def _digest(name: str, arguments) -> str:
+    """The action digest of a call; arguments that are not JSON are digested as text."""
+    try:
+        return action_digest(name, arguments)
+    except (TypeError, ValueError):
+        return action_digest(name, json.loads(json.dumps(arguments, default=repr)))
 
 
 def _answered(conversation: list[dict]) -> bool:

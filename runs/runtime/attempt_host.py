@@ -6,8 +6,11 @@ reaches the process's shared parts through the executor's public attributes: the
 database threads, the tool threads, the children, the provider client.
 """
 
+from django.utils import timezone
+
 from runs import domain
 from runs.changes.publishing import publish_output
+from runs.domain import selectors
 from runs.domain.actions import action_digest
 from runs.domain.errors import Fenced
 from runs.runtime.activity_writer import ActivityWriter
@@ -71,6 +74,12 @@ class AttemptHost:
         ctx.usage = {"steps": run.steps, "tokens": run.tokens, "cost_usd": run.cost_usd}
         self.repeats = dict(run.repeats or {})
 
+    async def fence(self, ctx: Context) -> None:
+        intent = await self.db(selectors.pending_request, run_id=ctx.run_id)
+        if intent is not None:
+            ctx.token.cancel(Why("command", actor=intent.requested_by, source=intent.source,
+                                 at=timezone.now()))
+
     # --- pauses and the live inbox ---------------------------------------------------------
 
     async def pause(self, ctx: Context, *, reason: str, prompt, schema=None, action=None,
@@ -102,6 +111,13 @@ class AttemptHost:
                 self.delivered = item  # the step it leads to names its sender
                 return item.message
             await ctx.race(entry.arrival())
+
+    def take_inbox(self, ctx: Context) -> list:
+        taken = []
+        while (item := self.entry.take()) is not None:
+            if item.message is not None:
+                taken.append(item.message)
+        return taken
 
     # --- the activity log --------------------------------------------------------------
 

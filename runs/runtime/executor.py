@@ -29,6 +29,7 @@ from runs.domain import activity, selectors
 from runs.domain.catalogue import CATALOGUE
 from runs.domain.core import Ending
 from runs.domain.errors import Fenced
+from runs.providers import metering
 from runs.providers.client import ChatClient, ProviderConfig, ProviderError
 from runs.runtime.agent import BudgetExceeded, Context, Interrupted, Paused
 from runs.runtime.attempt_host import AttemptHost
@@ -139,6 +140,7 @@ class Executor:
                           state=view.agent_state, resume=view.resume, token=token, host=host,
                           usage={"steps": view.steps, "tokens": view.tokens,
                                  "cost_usd": view.cost_usd})
+            metering.CURRENT.set(ctx.meter)  # this task's, and its sub-tasks', provider calls
             if view.max_seconds is not None:
                 left = max(0.0, view.max_seconds - view.seconds_used)
                 timer = self.loop.call_later(left, token.cancel, Why(
@@ -148,17 +150,19 @@ class Executor:
             output = await CATALOGUE[view.agent]().run(ctx)
             ctx.check()  # a cancel applied while the agent returned wins over its result
             await db(domain.attempt_finish, run_id=run_id, generation=generation,
-                     ending=Ending.completed(output))
+                     ending=Ending.completed(output), trace=ctx.stop_trace())
         except Interrupted as stop:
             try:
-                await self._interrupted(run_id, generation, stop.why, view)
+                await self._interrupted(run_id, generation, stop.why, view,
+                                        trace=await self._trace(ctx))
             except Exception:  # the lease expires and the sweeper applies what is pending
                 log.exception("run %s: could not record the end of attempt %s", run_id,
                               generation)
         except BudgetExceeded as budget:
             await host.activity_log.flushed()
             await db(domain.attempt_budget_reached, run_id=run_id, generation=generation,
-                     code=budget.code, reason=budget.reason, digest=budget.digest)
+                     code=budget.code, reason=budget.reason, digest=budget.digest,
+                     trace=await self._trace(ctx))
         except (Paused, Fenced):
             pass
         except Exception as error:
@@ -180,20 +184,30 @@ class Executor:
             self.children.forget(parent_id=run_id, parent_generation=generation)
             self.registry.unregister(run_id, generation)
 
-    async def _interrupted(self, run_id, generation, why: Why | None, view):
+    SETTLE_SECONDS = 2.0  # what a stopped attempt waits for its calls to close, at most
+
+    async def _trace(self, ctx: Context | None):
+        """The stop receipt's trace of a stopped attempt, once the provider connections
+        of its cancelled calls have closed (they close on the loop's next turns)."""
+        if ctx is None:
+            return None
+        await ctx.meter.settled(self.SETTLE_SECONDS)
+        return ctx.stop_trace()
+
+    async def _interrupted(self, run_id, generation, why: Why | None, view, *, trace=None):
         db = self.worker_loop.db
         if why is None or why.kind == "fenced":
             return  # a fenced attempt commits nothing
         if why.kind == "budget":
             await db(domain.attempt_budget_reached, run_id=run_id, generation=generation,
-                     code=why.code, reason=why.detail)
+                     code=why.code, reason=why.detail, trace=trace)
         elif why.kind == "parent":
             await db(domain.attempt_parent_gone, run_id=run_id, generation=generation,
                      parent_id=view.parent_id, why=why.detail, actor=why.actor,
-                     source=why.source)
+                     source=why.source, trace=trace)
         else:
             await db(domain.attempt_interrupted, run_id=run_id, generation=generation,
-                     actor=why.actor, source=why.source, accepted_at=why.at)
+                     actor=why.actor, source=why.source, accepted_at=why.at, trace=trace)
 
     async def _provider_failed(self, run_id, generation, error: str,
                                failure: ProviderError):

@@ -41,6 +41,11 @@ class Host(Protocol):
         """Commit the step with ``ctx.state``, ``tokens`` used and its event's ``data``;
         set ``ctx.usage`` to the run's totals as committed."""
 
+    async def fence(self, ctx: Context) -> None:
+        """Before a tool starts: cancel the token if a cancel or stop of the run is
+        committed, though its live signal has not come (the context then refuses the
+        tool)."""
+
     # --- pauses and the live inbox ---------------------------------------------------------
 
     async def pause(self, ctx: Context, *, reason: str, prompt: Any,
@@ -52,6 +57,9 @@ class Host(Protocol):
     async def receive(self, ctx: Context) -> Any:
         """The next item of the attempt's live inbox (a message, or None for a wake),
         waiting for one; a pause asked meanwhile is taken here."""
+
+    def take_inbox(self, ctx: Context) -> list:
+        """Every message waiting in the attempt's live inbox, taken at once (no wait)."""
 
     # --- the activity log --------------------------------------------------------------
 

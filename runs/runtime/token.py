@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -31,6 +32,7 @@ class CancellationToken:
     def __init__(self, parent: "CancellationToken | None" = None):
         self._lock = threading.Lock()
         self._why: Why | None = None
+        self.cancelled_at: float | None = None  # unix seconds, for the stop receipt
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
         self._children: list[CancellationToken] = []
         if parent is not None:
@@ -50,6 +52,7 @@ class CancellationToken:
             if self._why is not None:
                 return False
             self._why = why
+            self.cancelled_at = time.time()
             waiters, self._waiters = self._waiters, []
             children, self._children = self._children, []
         for loop, future in waiters:

@@ -451,29 +451,47 @@ class Command(BaseCommand):
     def provider(self, cancels: int) -> list:
         """Cancel runs whose model call hangs mid-stream, one at a time, and time at the
         provider's side when each connection closes: the provider stub is served by this
-        process, so the cancel request and the stub's clock are the same clock."""
-        closed, committed = [], []
+        process, so the cancel request and the stub's clock are the same clock. Our own
+        interface (``demo.chat``), then each installed framework's shipped chat agent (their
+        calls are not streamed: they hang before the answer)."""
+        from runs.domain.catalogue import CATALOGUE
+
+        agents = [("demo.chat", "our interface", {})] + [
+            (name, name.split(".")[0], {"model": "echo+hang=0"})
+            for name in ("pydantic_ai.chat", "openai_agents.chat", "langgraph.chat")
+            if name in CATALOGUE]
+        rows = []
         with StubServer() as server:
             stub = server.stub
             env = {"AWAKEN_PROVIDER_BASE_URL": server.url, "AWAKEN_PROVIDER_MODEL": "echo+hang"}
             with self.system(extra_env=env) as (web, _):
                 client = Client(web.port, self.token)
-                for _ in range(cancels):
-                    last = max((call.number for call in stub.calls), default=0)
-                    run_id = self.create(client, "demo.chat", {"prompt": "stream, then hang"})
-                    call = stub.wait(lambda calls, last=last: next(
-                        (c for c in calls if c.number > last and c.holding), None), 60,
-                        "a streaming model call")
-                    sent_wall, sent = time.time(), time.monotonic()
-                    client.call("POST", f"/api/runs/{run_id}/cancel/", {})
-                    stub.wait(lambda calls, call=call: call.disconnected, 30,
-                              "the provider's connection to close")
-                    closed.append((call.disconnected - sent) * 1000)
-                    ended_at = Run.objects.values_list("ended_at", flat=True).get(pk=run_id)
-                    committed.append((ended_at.timestamp() - sent_wall) * 1000)
-        return [("1 live", "REST cancel -> provider connection closed", closed,
-                 "at the provider stub"),
-                ("1 live", "REST cancel -> committed, model call mid-stream", committed, "")]
+                for agent, label, extra in agents:
+                    closed, committed = self._provider_cancels(client, stub, agent, extra,
+                                                               cancels)
+                    rows += [("1 live", f"REST cancel -> provider connection closed "
+                              f"({label})", closed, "at the provider stub"),
+                             ("1 live", f"REST cancel -> committed, model call hanging "
+                              f"({label})", committed, "")]
+        return rows
+
+    def _provider_cancels(self, client, stub, agent: str, extra: dict, cancels: int):
+        closed, committed = [], []
+        for _ in range(cancels):
+            last = max((call.number for call in stub.calls), default=0)
+            run_id = self.create(client, agent, {"prompt": "stream, then hang",
+                                                 **extra})
+            call = stub.wait(lambda calls, last=last: next(
+                (c for c in calls if c.number > last and c.holding), None), 60,
+                "a streaming model call")
+            sent_wall, sent = time.time(), time.monotonic()
+            client.call("POST", f"/api/runs/{run_id}/cancel/", {})
+            stub.wait(lambda calls, call=call: call.disconnected, 30,
+                      "the provider's connection to close")
+            closed.append((call.disconnected - sent) * 1000)
+            ended_at = Run.objects.values_list("ended_at", flat=True).get(pk=run_id)
+            committed.append((ended_at.timestamp() - sent_wall) * 1000)
+        return closed, committed
 
     # --- socket push ------------------------------------------------------------------------
 

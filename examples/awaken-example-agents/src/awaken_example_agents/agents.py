@@ -5,7 +5,7 @@ awaken-site finds this module through the ``awaken.agents`` entry point of this 
 module is importable. Importing it registers the agents.
 """
 
-from runs.runtime.agent import Agent, register, tool
+from runs.agents import Agent, register, tool
 
 
 @register

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0023_revoked_api_keys'),
+        ('runs', '0024_intent_receipt'),
     ]
 
     operations = [
