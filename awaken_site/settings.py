@@ -376,6 +376,9 @@ AWAKEN_SOCKET_BUFFER_BYTES = envnumber("AWAKEN_SOCKET_BUFFER_BYTES", "1048576", 
 # How often each web process re-checks the sessions, tokens and users of its open sockets.
 AWAKEN_SOCKET_RECHECK_SECONDS = envnumber("AWAKEN_SOCKET_RECHECK_SECONDS", "2", kind=float,
                                           minimum=0.05)
+# How often an idle event stream (server-sent events) sends a comment, to keep proxies open.
+AWAKEN_SSE_KEEPALIVE_SECONDS = envnumber("AWAKEN_SSE_KEEPALIVE_SECONDS", "15", kind=float,
+                                         minimum=0.05)
 
 CELERY_BROKER_URL = os.getenv("CELERY_BROKER_URL") or REDIS_URL or "memory://"
 CELERY_BROKER_TRANSPORT_OPTIONS = (
