@@ -145,3 +145,14 @@ def test_a_stream_ends_when_its_token_is_revoked(embedded_site):
         for _ in received:  # ends once the recheck finds the key gone
             pass
     assert time.monotonic() - started < 10
+
+
+def test_a_stream_opens_on_a_connection_that_served_django_before(embedded_site):
+    # Kept alive, the connection's next request starts where Django's response left it.
+    auth = {"Authorization": f"Token {embedded_site.token}"}
+    with httpx.Client(base_url=embedded_site.base, timeout=20) as client:
+        for _ in range(3):
+            assert client.get("/api/runs/", headers=auth).status_code == 200
+            with client.stream("GET", "/api/runs/stream/", headers=auth) as response:
+                assert response.status_code == 200
+                assert next(events(response))[0] == "snapshot"

@@ -15,6 +15,7 @@ handler, which would hold a thread for as long as each stream is open.
 """
 
 import asyncio
+import contextvars
 import json
 import re
 from urllib.parse import parse_qs
@@ -51,6 +52,27 @@ def frame(text: str) -> str:
         lines.append(f"id: {seq}")
     lines.extend(f"data: {line}" for line in text.splitlines() or [""])
     return "\n".join(lines) + "\n\n"
+
+
+class OwnContext:
+    """ASGI middleware: ``app`` runs in a fresh ``contextvars`` context.
+
+    A request on a kept-alive connection starts in the context of whatever daphne did last on
+    that connection, which after a response of Django's (``WsgiToAsgi`` sends it from the
+    request's thread through ``async_to_sync``) names that finished thread as the one for
+    synchronous calls: every ``database_sync_to_async`` of the stream would then fail."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        task = asyncio.get_running_loop().create_task(
+            self.app(scope, receive, send), context=contextvars.Context())
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
 
 
 class BadRequest(ValueError):

@@ -3,7 +3,7 @@ from django.urls import path, re_path
 from runs.sockets.auth import StreamAuth
 from runs.sockets.consumers import Refused, RunsConsumer
 from runs.sockets.daphne import DaphneBackPressure
-from runs.sockets.events import RunStream
+from runs.sockets.events import OwnContext, RunStream
 
 websocket_urlpatterns = [
     path("ws/runs/", RunsConsumer.as_asgi()),
@@ -12,7 +12,7 @@ websocket_urlpatterns = [
 ]
 
 # Server-sent events, ahead of Django (which serves every other HTTP path).
-run_stream = DaphneBackPressure(StreamAuth(RunStream.as_asgi()))
+run_stream = OwnContext(DaphneBackPressure(StreamAuth(RunStream.as_asgi())))
 http_urlpatterns = [
     path("api/runs/stream/", run_stream),
     path("api/runs/<str:run_id>/stream/", run_stream),
