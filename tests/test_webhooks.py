@@ -14,7 +14,7 @@ from standardwebhooks import Webhook
 from runs import domain
 from runs.models import WebhookDelivery
 from runs.workers.webhooks import send_due
-from tests.factories import queued_run
+from tests.factories import queued_run, running_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -180,3 +180,15 @@ def test_a_bulk_job_done_is_told_to_who_asked_for_it(op_client, operator, receiv
     sent = json.loads(target.received[0][1])
     assert (sent["type"], sent["data"]["id"], sent["data"]["state"]) == (
         "bulk.done", str(job.id), "done")
+
+
+def test_a_run_that_awaits_someone_is_told(op_client, receiver):
+    target = receiver()
+    register(op_client, target.url, ["run.awaiting"])
+    run, generation = running_run()
+    domain.attempt_pause(run_id=run.id, generation=generation, reason="approval")
+    delivery = WebhookDelivery.objects.get()
+    assert delivery.type == "run.awaiting"
+    send_due()
+    sent = json.loads(target.received[0][1])
+    assert sent["data"]["state"] == "awaiting" and sent["data"]["ticket"]["reason"] == "approval"

@@ -10,7 +10,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0020_bulkjob_refused_help'),
+        ('runs', '0021_ticket_action'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
