@@ -156,3 +156,24 @@ def test_a_stream_opens_on_a_connection_that_served_django_before(embedded_site)
             with client.stream("GET", "/api/runs/stream/", headers=auth) as response:
                 assert response.status_code == 200
                 assert next(events(response))[0] == "snapshot"
+
+
+def test_a_replay_larger_than_the_outbox_is_sent_whole(embedded_site):
+    # Twenty runs of some 60 KB each: a replay of 1.2 MB, more than a stream may hold
+    # waiting (AWAKEN_SOCKET_BUFFER_BYTES, 1 MiB); it goes out as the connection takes it.
+    client, stream = open_stream(embedded_site)
+    with client, stream as response:
+        after = next(events(response))[2]["seq"]
+    later = "2999-01-01T00:00:00+00:00"
+    ids = {embedded_site.call("POST", "/api/runs/", {
+        "agent": "demo.steps", "input": {"blob": "x" * 60_000}, "start_after": later})[1]["id"]
+        for _ in range(20)}
+    client, stream = open_stream(embedded_site, f"/api/runs/stream/?after={after}")
+    with client, stream as response:
+        seen = set()
+        for name, _, message, _ in events(response):
+            if name == "run.changed" and message["run"]["id"] in ids:
+                seen.add(message["run"]["id"])
+                if seen == ids:
+                    break
+    assert seen == ids

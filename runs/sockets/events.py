@@ -170,9 +170,20 @@ class RunStream(AsyncHttpConsumer):
         else:
             first = await database_sync_to_async(selectors.replay)(
                 after=after, run_id=self.run_id)
-        if self.outbox is None:  # revoked or disconnected meanwhile
+        # The first messages go straight out, each once the connection takes more: a replay
+        # may be larger than the outbox holds. What commits meanwhile waits in the outbox.
+        await self.send_body(f"retry: {RETRY_MS}\n\n".encode(), more_body=True)
+        for text in first:
+            if self.outbox is None:  # revoked, fallen behind or disconnected meanwhile
+                return True
+            if producer is not None:
+                await producer.writable()
+                if self.outbox is None:
+                    return True
+            await self.send_body(frame(text).encode(), more_body=True)
+        if self.outbox is None:
             return True
-        self.outbox.release(f"retry: {RETRY_MS}\n\n" + "".join(frame(t) for t in first))
+        self.outbox.release(": live\n\n")
         self.keepalive = asyncio.get_running_loop().create_task(self.keep_alive())
         return True
 
