@@ -177,3 +177,38 @@ def test_a_replay_larger_than_the_outbox_is_sent_whole(embedded_site):
                 if seen == ids:
                     break
     assert seen == ids
+
+
+def test_a_reader_that_does_not_read_is_ended_after_a_bounded_buffer(embedded_site):
+    import socket
+
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reader.connect(("127.0.0.1", embedded_site.port))
+    reader.sendall(f"GET /api/runs/stream/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                   f"Authorization: Token {embedded_site.token}\r\n\r\n".encode())
+    later = "2999-01-01T00:00:00+00:00"
+    try:
+        # Some 9 MB of changes pushed to a reader that reads none of it.
+        for _ in range(150):
+            status, _ = embedded_site.call("POST", "/api/runs/", {
+                "agent": "demo.steps", "input": {"blob": "x" * 60_000}, "start_after": later})
+            assert status == 201
+        # Reading now, it finds the response ended (the last, empty chunk) well before the
+        # 9 MB: what it did not read was dropped, not kept for it.
+        reader.settimeout(30)
+        received, tail, end = 0, b"", time.monotonic() + 60
+        while time.monotonic() < end:
+            chunk = reader.recv(1 << 16)
+            if not chunk:
+                break
+            received += len(chunk)
+            tail = (tail + chunk)[-16:]
+            if tail.endswith(b"\r\n0\r\n\r\n"):
+                break
+        else:
+            pytest.fail("the stream of a reader that does not read was never ended")
+    finally:
+        reader.close()
+    assert tail.endswith(b"\r\n0\r\n\r\n") or not chunk
+    assert received < 6_000_000, received
