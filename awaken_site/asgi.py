@@ -35,9 +35,11 @@ from runs.sockets.auth import SocketAuth  # noqa: E402
 from runs.sockets.daphne import DaphneBackPressure  # noqa: E402
 
 application = ProtocolTypeRouter({
-    "http": AccessLog(BodySizeLimit(URLRouter([
-        *routing.http_urlpatterns,  # the event streams, on the loop: no thread each
-        re_path(r"", KeptRequestThreads(django_app)),
-    ]))),
+    # The event streams first, on the loop (no thread each), with daphne's own send: their
+    # back-pressure reaches the connection through it (runs.sockets.daphne).
+    "http": URLRouter([
+        *routing.http_urlpatterns,
+        re_path(r"", AccessLog(BodySizeLimit(KeptRequestThreads(django_app)))),
+    ]),
     "websocket": DaphneBackPressure(SocketAuth(URLRouter(routing.websocket_urlpatterns))),
 })
