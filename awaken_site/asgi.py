@@ -8,6 +8,9 @@ of this was public API). ``KeptRequestThreads`` gives each request a thread kept
 request to the next, ``closing`` gives Django its end of each request (``WsgiToAsgi``
 never closes a response), ``BodySizeLimit`` refuses large bodies before anything reads them,
 and ``AccessLog`` writes the access log, review tokens redacted.
+The two event streams (``/api/runs/stream/``, ``/api/runs/{id}/stream/``) are routed to an
+``AsyncHttpConsumer`` instead of Django (``runs.sockets.events``): open for minutes or hours,
+each would otherwise hold a thread.
 """
 
 import os
@@ -22,6 +25,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "awaken_site.settings")
 django_app = WsgiToAsgi(closing(get_wsgi_application()))
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.urls import re_path  # noqa: E402
 
 from awaken_site.body_limit import BodySizeLimit  # noqa: E402
 from awaken_site.logs import AccessLog  # noqa: E402
@@ -31,6 +35,11 @@ from runs.sockets.auth import SocketAuth  # noqa: E402
 from runs.sockets.daphne import DaphneBackPressure  # noqa: E402
 
 application = ProtocolTypeRouter({
-    "http": AccessLog(BodySizeLimit(KeptRequestThreads(django_app))),
+    # The event streams first, on the loop (no thread each), with daphne's own send: their
+    # back-pressure reaches the connection through it (runs.sockets.daphne).
+    "http": URLRouter([
+        *routing.http_urlpatterns,
+        re_path(r"", AccessLog(BodySizeLimit(KeptRequestThreads(django_app)))),
+    ]),
     "websocket": DaphneBackPressure(SocketAuth(URLRouter(routing.websocket_urlpatterns))),
 })

@@ -376,6 +376,16 @@ AWAKEN_SOCKET_BUFFER_BYTES = envnumber("AWAKEN_SOCKET_BUFFER_BYTES", "1048576", 
 # How often each web process re-checks the sessions, tokens and users of its open sockets.
 AWAKEN_SOCKET_RECHECK_SECONDS = envnumber("AWAKEN_SOCKET_RECHECK_SECONDS", "2", kind=float,
                                           minimum=0.05)
+# How often an idle event stream (server-sent events) sends a comment, to keep proxies open.
+AWAKEN_SSE_KEEPALIVE_SECONDS = envnumber("AWAKEN_SSE_KEEPALIVE_SECONDS", "15", kind=float,
+                                         minimum=0.05)
+# Webhooks: the only hosts ever called (a name, or .example.com for it and its subdomains),
+# how long one attempt may take, and for how long a delivery is retried.
+AWAKEN_WEBHOOK_ALLOWED_HOSTS = [host.strip() for host in os.getenv(
+    "AWAKEN_WEBHOOK_ALLOWED_HOSTS", "").split(",") if host.strip()]
+AWAKEN_WEBHOOK_TIMEOUT = envnumber("AWAKEN_WEBHOOK_TIMEOUT", "10", kind=float, minimum=0.1)
+AWAKEN_WEBHOOK_RETRY_SECONDS = envnumber("AWAKEN_WEBHOOK_RETRY_SECONDS", "10800", kind=float,
+                                         minimum=3600)
 
 CELERY_BROKER_URL = os.getenv("CELERY_BROKER_URL") or REDIS_URL or "memory://"
 CELERY_BROKER_TRANSPORT_OPTIONS = (
@@ -481,6 +491,7 @@ AWAKEN_LIVE_OUTPUT_PER_SECOND = envnumber("AWAKEN_LIVE_OUTPUT_PER_SECOND", "10",
 CELERY_TASK_DEFAULT_QUEUE = os.getenv("AWAKEN_QUEUE", "awaken")
 CELERY_BEAT_SCHEDULE = {
     "sweep": {"task": "runs.sweep", "schedule": max(1.0, AWAKEN_LEASE_SECONDS / 3)},
+    "webhooks": {"task": "runs.webhooks", "schedule": 2.0},
 }
 # Beat keeps its schedule in memory: the schedule is the one above, and the sweep runs every
 # few seconds, so there is nothing worth keeping between starts, and beat needs no writable

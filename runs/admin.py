@@ -16,11 +16,21 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 
 from runs import domain
-from runs.domain import keys, selectors
+from runs.domain import keys, selectors, webhooks
 from runs.domain.errors import ServiceError
 from runs.domain.representation import run_url
 from runs.domain.roles import is_operator
-from runs.models import ApiKey, Attempt, AuthFailure, ControlIntent, Event, ResumeTicket, Run
+from runs.models import (
+    ApiKey,
+    Attempt,
+    AuthFailure,
+    ControlIntent,
+    Event,
+    ResumeTicket,
+    Run,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 
 SOURCE = "admin"
 
@@ -311,3 +321,37 @@ class AuthFailureAdmin(ReadOnlyAdmin):
     list_display = ["scope", "ident", "failures", "last_failed_at"]
     list_filter = ["scope"]
     search_fields = ["=ident"]
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    """Endpoints are registered through the API (which checks the URL's host and shows the
+    secret once); here they are inspected and switched off."""
+
+    list_display = ("url", "events", "active", "created_by", "created_at")
+    readonly_fields = ("url", "events", "created_by", "created_at")
+    fields = ("url", "events", "active", "created_by", "created_at")
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(admin.ModelAdmin):
+    list_display = ("id", "type", "endpoint", "state", "attempts", "last_status",
+                    "next_attempt_at", "created_at")
+    list_filter = ("state", "type")
+    readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
+    actions = ["redeliver"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Send again now (same webhook-id)")
+    def redeliver(self, request, queryset):
+        for delivery in queryset.select_related("endpoint"):
+            webhooks.redeliver(endpoint=delivery.endpoint, delivery_id=delivery.id)
+        self.message_user(request, f"{queryset.count()} deliveries will be sent again.")

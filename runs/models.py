@@ -920,3 +920,63 @@ class Activity(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id} #{self.seq} {self.kind} {self.text}"
+
+
+class WebhookEvent(models.TextChoices):
+    RUN_ENDED = "run.ended", "A run ended"
+    RUN_AWAITING = "run.awaiting", "A run awaits an approval or input"
+    BULK_DONE = "bulk.done", "A bulk job is done"
+
+
+class WebhookEndpoint(models.Model):
+    """An operator's URL that is sent the events it names, signed with its secret
+    (Standard Webhooks)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    url = models.URLField(max_length=2000)
+    events = models.JSONField(help_text="The event types sent to it.")
+    secret = models.CharField(max_length=100, editable=False,
+                              help_text="whsec_ and the base64 key that signs deliveries.")
+    active = models.BooleanField(default=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                   related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class DeliveryState(models.TextChoices):
+    PENDING = "pending", "Pending"  # to be sent (again) at next_attempt_at
+    DELIVERED = "delivered", "Delivered"
+    FAILED = "failed", "Failed"  # retried for AWAKEN_WEBHOOK_RETRY_SECONDS without a 2xx
+
+
+class WebhookDelivery(models.Model):
+    """One event for one endpoint: written in the transaction of the change, sent at least
+    once, with the same ``webhook-id`` on every attempt."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE,
+                                 related_name="deliveries")
+    type = models.CharField(max_length=32, choices=WebhookEvent.choices)
+    body = models.TextField(help_text="The JSON sent, as signed.")
+    state = models.CharField(max_length=16, choices=DeliveryState.choices,
+                             default=DeliveryState.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    last_status = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["state", "next_attempt_at"],
+                                name="runs_webhook_due")]
+
+    def __str__(self) -> str:
+        return f"{self.type} → {self.endpoint_id} ({self.state})"

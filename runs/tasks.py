@@ -39,3 +39,11 @@ def bulk(self, job_id: str) -> None:
     finds the runs already handled and skips them."""
     if domain.bulk_job_run(job_id=job_id):
         dispatch.bulk_queued(job_id=job_id)
+
+
+@shared_task(name="runs.webhooks", ignore_result=True, expires=10)
+def webhooks() -> int:
+    """Send the webhook deliveries that are due."""
+    from runs.workers.webhooks import send_due
+
+    return send_due()

@@ -209,3 +209,23 @@ def test_daphnes_server_takes_what_serve_gives_it():
     parameters = inspect.signature(Server).parameters
     assert {"application", "endpoints", "verbosity"} <= set(parameters)
     assert callable(Server.run)
+
+
+def test_a_streamed_response_registers_its_producer_on_daphnes_request():
+    # For HTTP, daphne's protocol is its WebRequest, a Twisted Request: the one whose public
+    # registerProducer the event streams use (runs.sockets.events).
+    from daphne.http_protocol import WebRequest
+    from twisted.web import http
+
+    from runs.sockets.daphne import attach_request
+
+    assert issubclass(WebRequest, http.Request)
+
+    class Request:
+        def registerProducer(self, producer, streaming):  # noqa: N802
+            self.registered = (producer, streaming)
+
+    request = Request()
+    producer = attach_request(request)
+    assert request.registered == (producer, True)
+    assert attach_request(object()) is None

@@ -3,7 +3,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularSwaggerSplitView
 from rest_framework.exceptions import NotAuthenticated
 
-from runs.api import bulk, console, review, views
+from runs.api import bulk, console, review, views, webhooks
 
 
 class DocsView(SpectacularSwaggerSplitView):
@@ -45,6 +45,11 @@ urlpatterns = [
     path("bulk/preview/", bulk.BulkPreviewView.as_view(), name="runs-bulk-preview"),
     path("bulk/<str:job_id>/", bulk.BulkDetailView.as_view(), name="runs-bulk-detail"),
     path("bulk/<str:job_id>/abort/", bulk.BulkAbortView.as_view(), name="runs-bulk-abort"),
+    path("webhooks/", webhooks.WebhooksView.as_view(), name="webhooks"),
+    path("webhooks/<str:endpoint_id>/deliveries/", webhooks.DeliveriesView.as_view(),
+         name="webhooks-deliveries"),
+    path("webhooks/<str:endpoint_id>/deliveries/<str:delivery_id>/redeliver/",
+         webhooks.RedeliverView.as_view(), name="webhooks-redeliver"),
     path("schema/", views.SchemaView.as_view(), name="runs-schema"),
     # The split view serves its start-up script from a URL: the CSP allows no inline script.
     path("docs/", DocsView.as_view(

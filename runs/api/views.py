@@ -113,9 +113,15 @@ class RunBatchView(APIView):
                         status=status.HTTP_201_CREATED)
 
 
+SOURCE_HEADER = "X-Awaken-Source"  # what the command line (runs.client) says it is
+
+
 def source(request) -> str:
-    """Browser calls (session auth) record source ``ui``; scripts record ``api``."""
-    return "ui" if isinstance(request.successful_authenticator, SessionAuthentication) else "api"
+    """Browser calls (session auth) record source ``ui``; scripts record ``api``, or ``cli``
+    when they say so with ``X-Awaken-Source: cli`` (the ``awaken`` command line does)."""
+    if isinstance(request.successful_authenticator, SessionAuthentication):
+        return "ui"
+    return "cli" if request.headers.get(SOURCE_HEADER, "").strip() == "cli" else "api"
 
 
 class RunDetailView(APIView):

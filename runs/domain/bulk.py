@@ -23,9 +23,10 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from runs.domain import outside
+from runs.domain import outside, webhooks
 from runs.domain.core import after_commit
 from runs.domain.errors import BulkJobNotFound, InvalidRequest, ServiceError
+from runs.domain.representation import bulk_data
 from runs.domain.runs import _clean_reason, run_cancel, run_resume, run_stop
 from runs.domain.selectors import matching
 from runs.domain.text import quoted_id
@@ -39,6 +40,7 @@ from runs.models import (
     ItemOutcome,
     Run,
     RunState,
+    WebhookEvent,
 )
 
 CHUNK = 50  # runs read at once; progress is published after each chunk
@@ -214,6 +216,7 @@ def _complete(job_id) -> None:
         job.finished_at = timezone.now()
         job.version += 1
         job.save(update_fields=["state", "finished_at", "version"])
+        webhooks.enqueue(WebhookEvent.BULK_DONE, bulk_data(job))
         after_commit(outside.changes.publish_bulk, job=job)
 
 

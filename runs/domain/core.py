@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
 
-from runs.domain import outside, sql
+from runs.domain import outside, sql, webhooks
 from runs.domain.errors import RunNotFound
 from runs.domain.receipts import Trace, count_receipt, receipt
 from runs.domain.text import clipped, quoted_id, short_id
@@ -125,6 +125,8 @@ def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, s
     if children_of is not None:
         parts.append(sql.Keys(Run, {"parent": children_of.pk}, {"state": RunState.ENDED}))
     children = sql.write(*parts)
+    for run in runs:
+        webhooks.run_changed(run, kind)
     after_commit(outside.changes.publish_changes, changes=list(zip(runs, events, strict=True)))
     return events, children
 

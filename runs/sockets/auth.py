@@ -94,19 +94,47 @@ def handshake_scheme(scope, request: HttpRequest) -> str:
     return "https" if scope.get("scheme") in ("wss", "https") else "http"
 
 
+def presented_token(scope) -> str | None:
+    """The key of an ``Authorization: Token <key>`` header, if there is one."""
+    header = dict(scope.get("headers", [])).get(b"authorization", b"").decode("latin-1")
+    kind, _, key = header.partition(" ")
+    return key.strip() if kind == "Token" and key.strip() else None
+
+
+async def with_token_holder(scope, key: str) -> dict:
+    """``scope`` with the user of API key ``key`` (anonymous if it lets no one in) and the
+    key's digest."""
+    address = (scope.get("client") or [""])[0] or ""
+    user, digest = await token_holder(key, address)
+    return {**scope, "user": user, "awaken.token": digest,
+            "awaken.token_refused": digest is None}
+
+
+class StreamAuth:
+    """Who is asking, on an HTTP stream (server-sent events): as the REST API decides, an
+    ``Authorization: Token`` header, else the session cookie. A GET changes nothing, so no
+    Origin is asked for, as Django's CSRF check asks none of a GET."""
+
+    def __init__(self, inner):
+        self.token_app = inner
+        self.browser_app = AuthMiddlewareStack(inner)
+
+    async def __call__(self, scope, receive, send):
+        key = presented_token(scope)
+        if key is not None:
+            return await self.token_app(await with_token_holder(scope, key), receive, send)
+        return await self.browser_app(scope, receive, send)
+
+
 class SocketAuth:
     def __init__(self, inner):
         self.token_app = inner
         self.browser_app = AuthMiddlewareStack(inner)
 
     async def __call__(self, scope, receive, send):
-        header = dict(scope.get("headers", [])).get(b"authorization", b"").decode("latin-1")
-        kind, _, key = header.partition(" ")
-        if kind == "Token" and key:
-            address = (scope.get("client") or [""])[0] or ""
-            user, digest = await token_holder(key.strip(), address)
-            scope = {**scope, "user": user, "awaken.token": digest}
-            return await self.token_app(scope, receive, send)
+        key = presented_token(scope)
+        if key is not None:
+            return await self.token_app(await with_token_holder(scope, key), receive, send)
         if not origin_allowed(scope):
             return await WebsocketDenier()(scope, receive, send)
         return await self.browser_app(scope, receive, send)

@@ -26,6 +26,10 @@ checks on every upgrade:
   p50 that way, 7.6–7.8 ms with the write at once; commit → the last 112–128 against 53–58
   (``manage.py bench push``, interleaved, the same quiet machine).
 
+* For HTTP, that protocol is daphne's ``WebRequest``, a Twisted ``http.Request``: a streamed
+  response (server-sent events) registers its producer there with the public
+  ``IRequest.registerProducer``, and Twisted's HTTP channel pauses it while the transport
+  holds more than its buffer.
 * ``daphne.server.Server`` and ``daphne.endpoints.build_endpoint_description_strings``,
   what daphne's own command line and ``runserver`` start a server with: ``serve`` starts one
   in this process for ``manage.py serve``, the embedded mode.
@@ -165,16 +169,36 @@ def attach(transport, protocol=None) -> TransportProducer | None:
     return producer
 
 
+def attach_request(request) -> TransportProducer | None:
+    """A ``TransportProducer`` registered on a streamed HTTP response's request (Twisted's
+    ``IRequest.registerProducer``, which its channel pauses while the transport cannot
+    write), or None where it cannot be. It does not ``write_now``: HTTP goes through ASGI."""
+    producer = TransportProducer()
+    try:
+        request.registerProducer(producer, True)
+    except (AttributeError, RuntimeError, ValueError):
+        log.warning("no back-pressure from %r: streams are bounded by their outbox alone",
+                    request)
+        return None
+    return producer
+
+
 class DaphneBackPressure:
-    """ASGI middleware for websockets: under daphne, a ``TransportProducer`` registered on
-    the connection's transport, in the scope as ``SCOPE_KEY``."""
+    """ASGI middleware for websockets and streamed HTTP responses: under daphne, a
+    ``TransportProducer`` registered on the connection's transport (a socket) or on its
+    request (HTTP), in the scope as ``SCOPE_KEY``."""
 
     def __init__(self, inner):
         self.inner = inner
 
     async def __call__(self, scope, receive, send):
         protocol = daphne_protocol(send)
-        producer = attach(protocol.transport, protocol) if protocol is not None else None
+        if protocol is None:
+            producer = None
+        elif scope["type"] == "http":
+            producer = attach_request(protocol)
+        else:
+            producer = attach(protocol.transport, protocol)
         if producer is not None:
             scope = {**scope, SCOPE_KEY: producer}
         return await self.inner(scope, receive, send)

@@ -22,6 +22,7 @@ from django.core.management.base import BaseCommand
 from runs import domain
 from runs.providers.stub import Stub, StubServer
 from runs.sockets import daphne
+from runs.workers.webhooks import send_due
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,14 @@ def start_sweeper() -> threading.Thread:
             except Exception:
                 log.warning("sweep failed", exc_info=True)
 
+    def send_webhooks():
+        while not stop.wait(2.0):
+            try:
+                send_due()
+            except Exception:
+                log.warning("sending webhooks failed", exc_info=True)
+
+    threading.Thread(target=send_webhooks, name="embedded-webhooks", daemon=True).start()
     thread = threading.Thread(target=loop, name="embedded-sweeper", daemon=True)
     thread.start()
     return thread
