@@ -10,7 +10,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0024_worker_drain'),
+        ('runs', '0025_worker_drain'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
