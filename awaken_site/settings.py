@@ -10,6 +10,7 @@ import importlib.util
 import os
 import re
 import secrets
+import warnings
 from pathlib import Path
 
 import dj_database_url
@@ -38,6 +39,15 @@ def envnumber(name: str, default: str, kind=int, minimum=None):
     if minimum is not None and value < minimum:
         raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {value}")
     return value
+
+
+def envrenamed(name: str, old: str) -> None:
+    """Setting ``old`` was renamed ``name``: the old name is still read (for one release),
+    with a DeprecationWarning, when the new one is not set."""
+    if old in os.environ:
+        warnings.warn(f"{old} is deprecated: set {name} instead.", DeprecationWarning,
+                      stacklevel=2)
+        os.environ.setdefault(name, os.environ[old])
 
 
 def envlist(name: str, default: str) -> list[str]:
@@ -430,11 +440,14 @@ AWAKEN_DB_THREADS = envnumber("AWAKEN_DB_THREADS", "8", minimum=1)
 AWAKEN_DISPATCH_CHUNK = envnumber("AWAKEN_DISPATCH_CHUNK", "50", minimum=1)
 # How long a live command waits for the owning worker's answer.
 AWAKEN_DELIVERY_TIMEOUT = envnumber("AWAKEN_DELIVERY_TIMEOUT", "1.0", kind=float, minimum=0.05)
-# The broker threads (runs.workers.broker; the settings keep their first name, courier):
-# the threads of each process that talk to the broker for the others
-# (dispatches, live commands, health probes), and how many calls may wait for them.
-AWAKEN_COURIER_THREADS = envnumber("AWAKEN_COURIER_THREADS", "4", minimum=1)
-AWAKEN_COURIER_BACKLOG = envnumber("AWAKEN_COURIER_BACKLOG", "500", minimum=0)
+# The broker threads (runs.workers.broker): the threads of each process that talk to the
+# broker for the others (dispatches, live commands, health probes), and how many calls may
+# wait for them. Their first names, AWAKEN_COURIER_THREADS and AWAKEN_COURIER_BACKLOG, are
+# still read, with a DeprecationWarning, until the next release.
+envrenamed("AWAKEN_BROKER_THREADS", "AWAKEN_COURIER_THREADS")
+envrenamed("AWAKEN_BROKER_BACKLOG", "AWAKEN_COURIER_BACKLOG")
+AWAKEN_BROKER_THREADS = envnumber("AWAKEN_BROKER_THREADS", "4", minimum=1)
+AWAKEN_BROKER_BACKLOG = envnumber("AWAKEN_BROKER_BACKLOG", "500", minimum=0)
 # How long a health probe waits for the broker and for the workers' ping answers.
 AWAKEN_BROKER_TIMEOUT = envnumber("AWAKEN_BROKER_TIMEOUT", "0.5", kind=float, minimum=0.05)
 
@@ -478,12 +491,10 @@ AWAKEN_LIVE_OUTPUT_PER_SECOND = envnumber("AWAKEN_LIVE_OUTPUT_PER_SECOND", "10",
                                           minimum=0)
 
 CELERY_TASK_DEFAULT_QUEUE = os.getenv("AWAKEN_QUEUE", "awaken")
-CELERY_BEAT_SCHEDULE = {
-    "sweep": {"task": "runs.sweep", "schedule": max(1.0, AWAKEN_LEASE_SECONDS / 3)},
-}
-# Beat keeps its schedule in memory: the schedule is the one above, and the sweep runs every
-# few seconds, so there is nothing worth keeping between starts, and beat needs no writable
-# directory (the default scheduler's file under var/ made it fail on a bare checkout).
+# Beat sends no task: it sweeps itself, on a thread of its own (runs.workers.sweeper), so the
+# sweep never waits on a worker. It keeps its (empty) schedule in memory, and needs no
+# writable directory (the default scheduler's file under var/ made it fail on a bare checkout).
+CELERY_BEAT_SCHEDULE = {}
 CELERY_BEAT_SCHEDULER = "celery.beat:Scheduler"
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0.1,
                                     "interval_step": 0.2, "interval_max": 0.5}
