@@ -7,7 +7,8 @@ cost a GET of one run 14 ms of CPU in process against 10 this way (the same as b
 of this was public API). ``KeptRequestThreads`` gives each request a thread kept from one
 request to the next, ``closing`` gives Django its end of each request (``WsgiToAsgi``
 never closes a response), ``BodySizeLimit`` refuses large bodies before anything reads them,
-and ``AccessLog`` writes the access log, review tokens redacted.
+``AccessLog`` writes the access log, review tokens redacted, and ``RequestShare`` keeps
+each client to its share and leaves room for controls.
 """
 
 import os
@@ -25,12 +26,13 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from awaken_site.body_limit import BodySizeLimit  # noqa: E402
 from awaken_site.logs import AccessLog  # noqa: E402
+from awaken_site.request_share import RequestShare  # noqa: E402
 from awaken_site.request_threads import KeptRequestThreads  # noqa: E402
 from runs.sockets import routing  # noqa: E402
 from runs.sockets.auth import SocketAuth  # noqa: E402
 from runs.sockets.daphne import DaphneBackPressure  # noqa: E402
 
 application = ProtocolTypeRouter({
-    "http": AccessLog(BodySizeLimit(KeptRequestThreads(django_app))),
+    "http": AccessLog(BodySizeLimit(RequestShare(KeptRequestThreads(django_app)))),
     "websocket": DaphneBackPressure(SocketAuth(URLRouter(routing.websocket_urlpatterns))),
 })

@@ -109,6 +109,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes asks: it turns a refused login into the lockout page.
     "axes.middleware.AxesMiddleware",
+    # An exhausted database pool is 503 busy, not 500 (its process_exception runs first).
+    "awaken_site.busy.PoolExhaustedIsBusy",
 ]
 
 ROOT_URLCONF = "awaken_site.urls"
@@ -188,6 +190,20 @@ def _database() -> dict:
 
 
 DATABASES = {"default": _database()}
+
+# --- Shares of the web process (awaken_site/request_share.py) -------------------------------
+
+# Requests one web process serves at once (fewer than its pool's connections: its sockets and
+# change stream take theirs too), how many of them may be reads (the rest stay free for
+# controls), and how many one client may have at once. A request with no room waits this many
+# seconds on the event loop, then is answered 503 busy with Retry-After.
+_POOL_MAX = DATABASES["default"].get("OPTIONS", {}).get("pool", {}).get("max_size", 20)
+AWAKEN_REQUEST_SLOTS = envnumber("AWAKEN_REQUEST_SLOTS", str(max(2, _POOL_MAX - 4)), minimum=1)
+AWAKEN_READ_SLOTS = envnumber("AWAKEN_READ_SLOTS", str(max(1, AWAKEN_REQUEST_SLOTS * 3 // 4)),
+                              minimum=1)
+AWAKEN_CLIENT_SLOTS = envnumber("AWAKEN_CLIENT_SLOTS", str(max(1, AWAKEN_REQUEST_SLOTS // 4)),
+                                minimum=1)
+AWAKEN_BUSY_WAIT = envnumber("AWAKEN_BUSY_WAIT", "1", kind=float, minimum=0)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
