@@ -502,6 +502,11 @@ AWAKEN_ON_PROVIDER_ERROR = os.getenv("AWAKEN_ON_PROVIDER_ERROR", "fail").strip()
 if AWAKEN_ON_PROVIDER_ERROR not in ("fail", "pause"):
     raise ImproperlyConfigured("AWAKEN_ON_PROVIDER_ERROR must be fail or pause, not "
                                f"{AWAKEN_ON_PROVIDER_ERROR!r}")
+# A model reply (its bytes as sent, stream framing included) is read this far at most: past
+# it the connection is closed and the call fails. A run's output encoded larger than
+# AWAKEN_MAX_OUTPUT_BYTES ends the run failed, with an error saying so.
+AWAKEN_MAX_REPLY_BYTES = envnumber("AWAKEN_MAX_REPLY_BYTES", str(1024 * 1024), minimum=1024)
+AWAKEN_MAX_OUTPUT_BYTES = envnumber("AWAKEN_MAX_OUTPUT_BYTES", str(1024 * 1024), minimum=1024)
 # Pushes of streamed model output to a run's page per second (0: none).
 AWAKEN_LIVE_OUTPUT_PER_SECOND = envnumber("AWAKEN_LIVE_OUTPUT_PER_SECOND", "10", kind=float,
                                           minimum=0)
