@@ -9,7 +9,9 @@ before a thread or a connection is taken for them, by three rules:
 2. reads (GET, HEAD, OPTIONS) take at most ``AWAKEN_READ_SLOTS`` of them, so the rest are
    always there for controls (a cancel, a pause, a resume) whatever the readers do;
 3. one client (its credential as presented: the ``Authorization`` header, else the session
-   cookie, else its address) runs at most ``AWAKEN_CLIENT_SLOTS`` requests at once.
+   cookie, else its address) runs at most ``AWAKEN_CLIENT_SLOTS`` reads at once. Controls
+   are not held to a client's share: a script that stops a hundred runs in parallel is
+   served as fast as the places free up, in order.
 
 A request that finds no room waits, in order of arrival, up to ``AWAKEN_BUSY_WAIT`` seconds
 on the event loop (holding no thread and no connection), and is then answered 503 ``busy``
@@ -46,7 +48,7 @@ class RequestShare:
         self.wait = settings.AWAKEN_BUSY_WAIT if wait is None else wait
         self.running = 0
         self.reading = 0
-        self.by_client: dict[str, int] = {}
+        self.by_client: dict[str, int] = {}  # reads in flight, by client
         self.waiting: deque[Waiter] = deque()
         self._lock = threading.Lock()  # the tests call one instance from several loops
 
@@ -64,13 +66,15 @@ class RequestShare:
 
     def fits(self, waiter: "Waiter") -> bool:
         return (self.running < self.slots
-                and (not waiter.read or self.reading < self.read_slots)
-                and self.by_client.get(waiter.client, 0) < self.client_slots)
+                and (not waiter.read or (self.reading < self.read_slots
+                                         and self.by_client.get(waiter.client, 0)
+                                         < self.client_slots)))
 
     def take(self, waiter: "Waiter") -> None:
         self.running += 1
-        self.reading += waiter.read
-        self.by_client[waiter.client] = self.by_client.get(waiter.client, 0) + 1
+        if waiter.read:
+            self.reading += 1
+            self.by_client[waiter.client] = self.by_client.get(waiter.client, 0) + 1
 
     async def enter(self, waiter: "Waiter") -> bool:
         """Take a place for ``waiter``, waiting up to ``self.wait`` seconds; whether it got
@@ -107,12 +111,13 @@ class RequestShare:
 
     def _leave(self, waiter: "Waiter") -> None:
         self.running -= 1
-        self.reading -= waiter.read
-        left = self.by_client[waiter.client] - 1
-        if left:
-            self.by_client[waiter.client] = left
-        else:
-            del self.by_client[waiter.client]
+        if waiter.read:
+            self.reading -= 1
+            left = self.by_client[waiter.client] - 1
+            if left:
+                self.by_client[waiter.client] = left
+            else:
+                del self.by_client[waiter.client]
         self.admit()
 
     def admit(self) -> None:

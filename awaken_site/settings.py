@@ -195,8 +195,8 @@ DATABASES = {"default": _database()}
 
 # Requests one web process serves at once (fewer than its pool's connections: its sockets and
 # change stream take theirs too), how many of them may be reads (the rest stay free for
-# controls), and how many one client may have at once. A request with no room waits this many
-# seconds on the event loop, then is answered 503 busy with Retry-After.
+# controls), and how many reads one client may have at once. A request with no room waits
+# this many seconds on the event loop, then is answered 503 busy with Retry-After.
 _POOL_MAX = DATABASES["default"].get("OPTIONS", {}).get("pool", {}).get("max_size", 20)
 AWAKEN_REQUEST_SLOTS = envnumber("AWAKEN_REQUEST_SLOTS", str(max(2, _POOL_MAX - 4)), minimum=1)
 AWAKEN_READ_SLOTS = envnumber("AWAKEN_READ_SLOTS", str(max(1, AWAKEN_REQUEST_SLOTS * 3 // 4)),

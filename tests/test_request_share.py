@@ -92,6 +92,20 @@ def test_one_clients_reads_wait_then_shed_and_leave_room_for_anothers_controls()
     asyncio.run(scenario())
 
 
+def test_one_clients_controls_are_not_held_to_its_read_share():
+    """A script that stops many runs at once is served as places free up, not shed."""
+    async def scenario():
+        gate = Gate()
+        share = RequestShare(gate, slots=4, read_slots=3, client_slots=1, wait=5)
+        stops = [asyncio.create_task(call(share, scope("POST", "script", "/api/runs/x/stop/")))
+                 for _ in range(6)]
+        await until(lambda: gate.inside == 4 and len(share.waiting) == 2)
+        gate.open.set()
+        assert [status for status, _ in [await task for task in stops]] == [200] * 6
+
+    asyncio.run(scenario())
+
+
 def test_a_waiter_whose_client_goes_away_gives_its_place_back():
     async def scenario():
         gate = Gate()
