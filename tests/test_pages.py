@@ -215,9 +215,10 @@ def test_healthz_reports_the_database_alone_while_the_broker_threads_are_all_stu
     assert stuck > 0
 
 
-def test_a_run_page_shows_its_newest_events_and_first_descendants_only():
+def test_a_run_page_shows_its_newest_events_and_first_descendants_only(settings):
     """A run of many events and children costs its page the same as a small one; the
     events API pages through the rest with ``limit``."""
+    settings.AWAKEN_MAX_CHILDREN = 1000
     from runs.domain import selectors
     from runs.models import Event
     from tests.conftest import client_for
