@@ -7,7 +7,8 @@ cost a GET of one run 14 ms of CPU in process against 10 this way (the same as b
 of this was public API). ``KeptRequestThreads`` gives each request a thread kept from one
 request to the next, ``closing`` gives Django its end of each request (``WsgiToAsgi``
 never closes a response), ``BodySizeLimit`` refuses large bodies before anything reads them,
-and ``AccessLog`` writes the access log, review tokens redacted.
+``AccessLog`` writes the access log, review tokens redacted, and ``RequestShare`` keeps
+each client to its share and leaves room for controls.
 The two event streams (``/api/runs/stream/``, ``/api/runs/{id}/stream/``) are routed to an
 ``AsyncHttpConsumer`` instead of Django (``runs.sockets.events``): open for minutes or hours,
 each would otherwise hold a thread.
@@ -29,6 +30,7 @@ from django.urls import re_path  # noqa: E402
 
 from awaken_site.body_limit import BodySizeLimit  # noqa: E402
 from awaken_site.logs import AccessLog  # noqa: E402
+from awaken_site.request_share import RequestShare  # noqa: E402
 from awaken_site.request_threads import KeptRequestThreads  # noqa: E402
 from runs.sockets import routing  # noqa: E402
 from runs.sockets.auth import SocketAuth  # noqa: E402
@@ -39,7 +41,7 @@ application = ProtocolTypeRouter({
     # back-pressure reaches the connection through it (runs.sockets.daphne).
     "http": URLRouter([
         *routing.http_urlpatterns,
-        re_path(r"", AccessLog(BodySizeLimit(KeptRequestThreads(django_app)))),
+        re_path(r"", AccessLog(BodySizeLimit(RequestShare(KeptRequestThreads(django_app))))),
     ]),
     "websocket": DaphneBackPressure(SocketAuth(URLRouter(routing.websocket_urlpatterns))),
 })

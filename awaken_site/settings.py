@@ -10,6 +10,7 @@ import importlib.util
 import os
 import re
 import secrets
+import warnings
 from pathlib import Path
 
 import dj_database_url
@@ -38,6 +39,15 @@ def envnumber(name: str, default: str, kind=int, minimum=None):
     if minimum is not None and value < minimum:
         raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {value}")
     return value
+
+
+def envrenamed(name: str, old: str) -> None:
+    """Setting ``old`` was renamed ``name``: the old name is still read (for one release),
+    with a DeprecationWarning, when the new one is not set."""
+    if old in os.environ:
+        warnings.warn(f"{old} is deprecated: set {name} instead.", DeprecationWarning,
+                      stacklevel=2)
+        os.environ.setdefault(name, os.environ[old])
 
 
 def envlist(name: str, default: str) -> list[str]:
@@ -99,6 +109,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes asks: it turns a refused login into the lockout page.
     "axes.middleware.AxesMiddleware",
+    # An exhausted database pool is 503 busy, not 500 (its process_exception runs first).
+    "awaken_site.busy.PoolExhaustedIsBusy",
 ]
 
 ROOT_URLCONF = "awaken_site.urls"
@@ -178,6 +190,20 @@ def _database() -> dict:
 
 
 DATABASES = {"default": _database()}
+
+# --- Shares of the web process (awaken_site/request_share.py) -------------------------------
+
+# Requests one web process serves at once (fewer than its pool's connections: its sockets and
+# change stream take theirs too), how many of them may be reads (the rest stay free for
+# controls), and how many reads one client may have at once. A request with no room waits
+# this many seconds on the event loop, then is answered 503 busy with Retry-After.
+_POOL_MAX = DATABASES["default"].get("OPTIONS", {}).get("pool", {}).get("max_size", 20)
+AWAKEN_REQUEST_SLOTS = envnumber("AWAKEN_REQUEST_SLOTS", str(max(2, _POOL_MAX - 4)), minimum=1)
+AWAKEN_READ_SLOTS = envnumber("AWAKEN_READ_SLOTS", str(max(1, AWAKEN_REQUEST_SLOTS * 3 // 4)),
+                              minimum=1)
+AWAKEN_CLIENT_SLOTS = envnumber("AWAKEN_CLIENT_SLOTS", str(max(1, AWAKEN_REQUEST_SLOTS // 4)),
+                                minimum=1)
+AWAKEN_BUSY_WAIT = envnumber("AWAKEN_BUSY_WAIT", "1", kind=float, minimum=0)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -441,11 +467,14 @@ AWAKEN_DB_THREADS = envnumber("AWAKEN_DB_THREADS", "8", minimum=1)
 AWAKEN_DISPATCH_CHUNK = envnumber("AWAKEN_DISPATCH_CHUNK", "50", minimum=1)
 # How long a live command waits for the owning worker's answer.
 AWAKEN_DELIVERY_TIMEOUT = envnumber("AWAKEN_DELIVERY_TIMEOUT", "1.0", kind=float, minimum=0.05)
-# The broker threads (runs.workers.broker; the settings keep their first name, courier):
-# the threads of each process that talk to the broker for the others
-# (dispatches, live commands, health probes), and how many calls may wait for them.
-AWAKEN_COURIER_THREADS = envnumber("AWAKEN_COURIER_THREADS", "4", minimum=1)
-AWAKEN_COURIER_BACKLOG = envnumber("AWAKEN_COURIER_BACKLOG", "500", minimum=0)
+# The broker threads (runs.workers.broker): the threads of each process that talk to the
+# broker for the others (dispatches, live commands, health probes), and how many calls may
+# wait for them. Their first names, AWAKEN_COURIER_THREADS and AWAKEN_COURIER_BACKLOG, are
+# still read, with a DeprecationWarning, until the next release.
+envrenamed("AWAKEN_BROKER_THREADS", "AWAKEN_COURIER_THREADS")
+envrenamed("AWAKEN_BROKER_BACKLOG", "AWAKEN_COURIER_BACKLOG")
+AWAKEN_BROKER_THREADS = envnumber("AWAKEN_BROKER_THREADS", "4", minimum=1)
+AWAKEN_BROKER_BACKLOG = envnumber("AWAKEN_BROKER_BACKLOG", "500", minimum=0)
 # How long a health probe waits for the broker and for the workers' ping answers.
 AWAKEN_BROKER_TIMEOUT = envnumber("AWAKEN_BROKER_TIMEOUT", "0.5", kind=float, minimum=0.05)
 
@@ -484,18 +513,23 @@ AWAKEN_ON_PROVIDER_ERROR = os.getenv("AWAKEN_ON_PROVIDER_ERROR", "fail").strip()
 if AWAKEN_ON_PROVIDER_ERROR not in ("fail", "pause"):
     raise ImproperlyConfigured("AWAKEN_ON_PROVIDER_ERROR must be fail or pause, not "
                                f"{AWAKEN_ON_PROVIDER_ERROR!r}")
+# A model reply (its bytes as sent, stream framing included) is read this far at most: past
+# it the connection is closed and the call fails. A run's output encoded larger than
+# AWAKEN_MAX_OUTPUT_BYTES ends the run failed, with an error saying so.
+AWAKEN_MAX_REPLY_BYTES = envnumber("AWAKEN_MAX_REPLY_BYTES", str(1024 * 1024), minimum=1024)
+AWAKEN_MAX_OUTPUT_BYTES = envnumber("AWAKEN_MAX_OUTPUT_BYTES", str(1024 * 1024), minimum=1024)
 # Pushes of streamed model output to a run's page per second (0: none).
 AWAKEN_LIVE_OUTPUT_PER_SECOND = envnumber("AWAKEN_LIVE_OUTPUT_PER_SECOND", "10", kind=float,
                                           minimum=0)
 
 CELERY_TASK_DEFAULT_QUEUE = os.getenv("AWAKEN_QUEUE", "awaken")
+# Beat sweeps itself, on a thread of its own (runs.workers.sweeper), so the sweep never waits
+# on a worker; the one task it sends is the webhooks' delivery round. It keeps its schedule in
+# memory, and needs no writable directory (the default scheduler's file under var/ made it
+# fail on a bare checkout).
 CELERY_BEAT_SCHEDULE = {
-    "sweep": {"task": "runs.sweep", "schedule": max(1.0, AWAKEN_LEASE_SECONDS / 3)},
     "webhooks": {"task": "runs.webhooks", "schedule": 2.0},
 }
-# Beat keeps its schedule in memory: the schedule is the one above, and the sweep runs every
-# few seconds, so there is nothing worth keeping between starts, and beat needs no writable
-# directory (the default scheduler's file under var/ made it fail on a bare checkout).
 CELERY_BEAT_SCHEDULER = "celery.beat:Scheduler"
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0.1,
                                     "interval_step": 0.2, "interval_max": 0.5}

@@ -285,8 +285,8 @@ class Worker(Process):
 
 
 class Beat(Process):
-    """``celery beat``: it sends the sweep task (``runs.sweep``) every third of a lease, for
-    a worker to run. Its schedule file is a temporary one of its own."""
+    """``celery beat``: it sweeps every third of a lease in its own process
+    (``runs.workers.sweeper``). Its schedule file is a temporary one of its own."""
 
     def __init__(self, *, lease_seconds: float | None = None, extra_env: dict | None = None,
                  log_dir: Path | None = None):

@@ -5,7 +5,7 @@ from celery import shared_task
 from runs import domain
 from runs.domain import selectors
 from runs.runtime.executor import get_executor
-from runs.workers import commands, dispatch
+from runs.workers import commands, dispatch, sweeper  # noqa: F401 (beat sweeps itself)
 
 
 @shared_task(bind=True, name=dispatch.EXECUTE, ignore_result=True, max_retries=None)
@@ -25,11 +25,6 @@ def execute(self, run_ids: list[str] | str) -> None:
         executor.start(run_ids[:room])
     if run_ids[room:]:
         raise self.retry(args=[run_ids[room:]], countdown=1)
-
-
-@shared_task(name="runs.sweep", ignore_result=True)
-def sweep() -> dict:
-    return domain.sweep()
 
 
 @shared_task(bind=True, name=dispatch.BULK, acks_late=True, ignore_result=True)

@@ -125,6 +125,18 @@ def test_live_output_is_throttled_and_adds_up_to_the_answer(stub_server):
     assert text == reply.content
 
 
+def test_a_large_answer_is_pushed_in_pieces_well_under_a_websocket_message(stub_server):
+    async def work(ctx, host):
+        async with ctx.step():
+            return await ctx.chat(HELLO, model="echo+bytes=900000")
+
+    host, reply = attempt(stub_server, work, per_second=1)
+    pushes = [message for _, message in host.pushes]
+    assert len(reply.content) == 900000
+    assert max(len(json.dumps(message)) for message in pushes) < 256 * 1024
+    assert "".join(message["delta"] for message in pushes) == reply.content
+
+
 def test_no_live_output_when_it_is_turned_off(stub_server):
     async def work(ctx, host):
         return await ctx.chat(HELLO)

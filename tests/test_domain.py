@@ -405,3 +405,13 @@ def test_the_hot_statements_lock_many_rows_as_the_orm_reads_them(rows_of_every_s
         locked, _ = sql.lock_many_at(Run, sorted([child, parent, uuid.uuid4()]))
     assert [r.id for r in locked] == sorted([child, parent])
     assert [fields(r) for r in locked] == [fields(Run.objects.get(pk=r.id)) for r in locked]
+
+
+def test_an_output_past_the_cap_ends_the_run_failed_saying_so(settings):
+    settings.AWAKEN_MAX_OUTPUT_BYTES = 1024
+    run, generation = running_run()
+    assert domain.attempt_finish(run_id=run.id, generation=generation,
+                                 ending=Ending.completed({"text": "x" * 2000}))
+    run = Run.objects.get(pk=run.id)
+    assert (run.end_cause, run.output) == ("failed", None)
+    assert "AWAKEN_MAX_OUTPUT_BYTES (1024)" in run.error

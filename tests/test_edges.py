@@ -3,6 +3,7 @@ lost parents, resume input across a crash, joined requests, the database clock, 
 worker's side of live delivery. Each test failed before its fix."""
 
 import asyncio
+import os
 import threading
 import uuid
 from datetime import timedelta
@@ -80,6 +81,57 @@ def test_a_command_that_arrives_before_its_attempt_registers_waits_for_it(execut
     threading.Timer(0.05, executor.registry.register, args=(entry,)).start()
     assert commands.apply_command(str(run.id), generation, "cancel")
     assert entry.token.cancelled
+
+
+def test_a_command_past_its_deadline_is_dropped(executor):
+    """Its sender has answered NotActive by then: applying it would make that answer false."""
+    import time
+
+    run, generation = running_run()
+    entry = Entry(str(run.id), generation, CancellationToken())
+    executor.registry.register(entry)
+    past = time.time() - 0.01
+    assert not commands.apply_command(str(run.id), generation, "pause", deadline=past)
+    assert not commands.apply_command(str(run.id), generation, "message", deadline=past,
+                                      message={"hello": 1})
+    assert not entry.pause_requested.is_set() and not entry.inbox
+    assert commands.apply_command(str(run.id), generation, "pause",
+                                  deadline=time.time() + 5)
+    assert entry.pause_requested.is_set()
+
+
+def test_a_command_whose_attempt_registers_after_its_deadline_is_dropped(executor):
+    import time
+
+    run, generation = running_run()
+    entry = Entry(str(run.id), generation, CancellationToken())
+    threading.Timer(0.1, executor.registry.register, args=(entry,)).start()
+    assert not commands.apply_command(str(run.id), generation, "cancel",
+                                      deadline=time.time() + 0.05)
+    assert not entry.token.cancelled
+
+
+def test_a_full_delivery_path_answers_busy_not_not_active(monkeypatch):
+    """No broker thread can send it: 503 ``busy`` with Retry-After, never a false
+    ``not_active`` (the run is running)."""
+    from runs.workers import broker
+
+    run, generation = running_run()
+    full = broker.BrokerThreads(threads=1, backlog=0)
+    release = threading.Event()
+    full.post(release.wait, timeout=10)  # the only thread, and no backlog place
+    monkeypatch.setattr(broker, "_threads", full)
+    try:
+        client = client_for(make_user("busy-olga", "operator"))
+        for path, body in ((f"/api/runs/{run.id}/pause/?wait=0", None),
+                           (f"/api/runs/{run.id}/deliver/", {"command": "wake"})):
+            answer = client.post(path, body, format="json")
+            assert answer.status_code == 503, answer.content
+            assert answer.json()["code"] == "busy"
+            assert answer["Retry-After"] == "1"
+    finally:
+        release.set()
+    assert Run.objects.get(pk=run.id).state == RunState.RUNNING
 
 
 def test_a_newer_generation_fences_the_one_it_replaces():
@@ -531,3 +583,17 @@ def test_log_records_escape_control_characters_and_redact_review_tokens():
     assert "s3cret-t0ken" not in text and "Gone: /review/…/" in text
     assert all(line.startswith("  ") for line in text.splitlines()[1:])  # never a record's
     assert "\x1b" not in text
+
+
+def test_the_old_names_of_the_broker_thread_settings_are_read_with_a_warning(monkeypatch):
+    from awaken_site.settings import envrenamed
+
+    monkeypatch.setenv("AWAKEN_COURIER_THREADS", "7")
+    monkeypatch.delenv("AWAKEN_BROKER_THREADS", raising=False)
+    with pytest.warns(DeprecationWarning, match="AWAKEN_COURIER_THREADS is deprecated"):
+        envrenamed("AWAKEN_BROKER_THREADS", "AWAKEN_COURIER_THREADS")
+    assert os.environ["AWAKEN_BROKER_THREADS"] == "7"
+    monkeypatch.setenv("AWAKEN_BROKER_THREADS", "3")  # the new name wins when both are set
+    with pytest.warns(DeprecationWarning):
+        envrenamed("AWAKEN_BROKER_THREADS", "AWAKEN_COURIER_THREADS")
+    assert os.environ["AWAKEN_BROKER_THREADS"] == "3"

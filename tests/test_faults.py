@@ -257,3 +257,57 @@ def test_a_worker_outlives_a_redis_restart_during_a_claim(system):
     assert worker.running(), "the worker exited"
     wait_until(lambda: run_of(run["id"]).state == RunState.ENDED, 15, "the run to end")
     assert run_of(run["id"]).end_cause == "completed"
+
+
+# --- the sweep runs while every worker is frozen (SPEC §6) -------------------------------------
+
+
+def test_beat_applies_a_cancel_while_every_worker_is_frozen(system):
+    """The Procfile's shape, one worker: frozen, it can run no task, yet beat's sweep applies
+    the pending cancel once the lease expires. Only beat sweeps here: the test never does."""
+    from harness.processes import Beat
+
+    redis, web, worker = system
+    _, run = web.call("POST", "/api/runs/", {"agent": "demo.hang"})
+    wait_until(lambda: run_of(run["id"]).state == RunState.RUNNING, 15, "the run to start")
+    with Beat(lease_seconds=1.5, extra_env={"REDIS_URL": redis.url,
+                                            "CELERY_BROKER_URL": None}) as beat:
+        worker.freeze()
+        try:
+            status, body = web.call("POST", f"/api/runs/{run['id']}/cancel/?wait=0")
+            assert status == 202, body
+            wait_until(lambda: run_of(run["id"]).state == RunState.ENDED, 20,
+                       f"beat to apply the cancel\n{beat.output()}")
+        finally:
+            worker.thaw()
+    run = run_of(run["id"])
+    assert run.end_cause == "cancelled"
+    assert run.control.applied_via == "sweeper"
+
+
+# --- a live command answered not_active is final (SPEC §4) -------------------------------------
+
+
+def test_live_commands_answered_not_active_by_a_frozen_worker_are_never_carried_out(system):
+    redis, web, worker = system
+    _, run = web.call("POST", "/api/runs/", {"agent": "demo.inbox"})
+    wait_until(lambda: run_of(run["id"]).state == RunState.RUNNING, 15, "the run to start")
+    worker.freeze()
+    try:
+        status, body = web.call("POST", f"/api/runs/{run['id']}/pause/?wait=0")
+        assert (status, body["code"]) == (409, "not_active"), body
+        status, body = web.call("POST", f"/api/runs/{run['id']}/deliver/",
+                                {"command": "message", "message": {"text": "once"}})
+        assert (status, body["code"]) == (409, "not_active"), body
+    finally:
+        worker.thaw()
+    # Commands reach the worker in order: once a later one is taken, the two above have been
+    # received, and dropped. Had the pause been applied, the run would now await a resume.
+    wait_until(lambda: web.call("POST", f"/api/runs/{run['id']}/deliver/",
+                                {"command": "message", "message": {"done": True}})[0] == 200,
+               15, "the thawed worker to take a message")
+    wait_until(lambda: run_of(run["id"]).state != RunState.RUNNING, 15, "the run to end")
+    ended = run_of(run["id"])
+    assert (ended.state, ended.end_cause) == (RunState.ENDED, "completed")
+    assert ended.output == {"messages": [{"done": True}]}  # the first message never came
+    assert "dropped" in worker.log()

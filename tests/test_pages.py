@@ -213,3 +213,32 @@ def test_healthz_reports_the_database_alone_while_the_broker_threads_are_all_stu
     finally:
         outage.set()
     assert stuck > 0
+
+
+def test_a_run_page_shows_its_newest_events_and_first_descendants_only(settings):
+    """A run of many events and children costs its page the same as a small one; the
+    events API pages through the rest with ``limit``."""
+    settings.AWAKEN_MAX_CHILDREN = 1000
+    from runs.domain import selectors
+    from runs.models import Event
+    from tests.conftest import client_for
+
+    run, generation = running_run()
+    for _ in range(selectors.PAGE_EVENTS + 50):
+        domain.attempt_step(run_id=run.id, generation=generation)
+    for _ in range(selectors.PAGE_TREE + 5):
+        queued_run(parent_id=run.id)
+    total = Event.objects.filter(run=run).count()
+    page = browser_for(make_user("pager", "viewer")).get(f"/runs/{run.id}/panel/")
+    text = page.content.decode()
+    assert text.count('<li data-kind="step"') == selectors.PAGE_EVENTS
+    assert f"{total - selectors.PAGE_EVENTS} older events not shown" in text
+    assert text.count("<li data-depth=") == selectors.PAGE_TREE
+    assert "Only the first 200 descendants are shown" in text
+    api = client_for(make_user("pager-api", "viewer"))
+    first = api.get(f"/api/runs/{run.id}/events/?limit=100").json()["results"]
+    assert len(first) == 100
+    rest = api.get(f"/api/runs/{run.id}/events/?after={first[-1]['seq']}&limit=1000"
+                   ).json()["results"]
+    assert len(first) + len(rest) == total
+    assert api.get(f"/api/runs/{run.id}/events/?limit=1001").status_code == 400

@@ -211,3 +211,30 @@ async def _once(client, messages):
         return await client.chat(messages)
     finally:
         await client.aclose()
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_a_reply_past_the_cap_is_cut_there_and_its_connection_closed(stub_server, stream):
+    """A 20 MB answer: the client reads no more than AWAKEN_MAX_REPLY_BYTES of it, closes
+    the connection (the provider stops generating) and fails the call, without retrying."""
+    from runs.providers.client import ReplyTooLarge
+
+    stub = stub_server.stub
+    pieces = []
+    with pytest.raises(ReplyTooLarge, match="larger than 1048576 bytes") as raised:
+        run(client_of(stub_server, max_reply_bytes=1024 * 1024),
+            lambda client: client.chat(HELLO, model="echo+bytes=20000000", stream=stream,
+                                       on_delta=pieces.append))
+    assert raised.value.code == "reply_too_large"
+    assert len(stub.calls) == 1  # not tried again
+    assert sum(len(piece) for piece in pieces) <= 1024 * 1024
+    if stream:  # (a whole answer is one write: the stub has sent it before it can see)
+        wait_until(lambda: stub.calls[0].disconnected is not None, 10, "the stub to see it go")
+        assert stub.calls[0].finished is None
+        assert stub.calls[0].chunks < 200  # of 1,221
+
+
+def test_a_reply_within_the_cap_is_read_whole(stub_server):
+    reply = run(client_of(stub_server, max_reply_bytes=1024 * 1024),
+                lambda client: client.chat(HELLO, model="echo+bytes=200000"))
+    assert len(reply.content) == 200000

@@ -8,7 +8,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from runs.domain.errors import ServiceError
+from runs.domain.errors import Busy, ServiceError
 
 
 def exception_handler(exc, context):
@@ -16,7 +16,8 @@ def exception_handler(exc, context):
         body = {"code": exc.code, "detail": exc.message}
         if exc.field:
             body["errors"] = {exc.field: [exc.message]}
-        return Response(body, status=exc.status)
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Busy) else None
+        return Response(body, status=exc.status, headers=headers)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     if isinstance(exc, RequestDataTooBig):

@@ -331,6 +331,9 @@ class RunListQuery(serializers.Serializer):
 
 class EventsQuery(serializers.Serializer):
     after = QueryInteger(required=False, default=0, min_value=0, max_value=2**62)
+    limit = QueryInteger(
+        required=False, default=1000, min_value=1, max_value=1000,
+        help_text="Events at most (page on with after = the last seq).")
 
 
 class ActivityQuery(EventsQuery):

@@ -9,12 +9,14 @@
 
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
 
 from runs.domain import outside, sql, webhooks
 from runs.domain.errors import RunNotFound
+from runs.domain.limits import encoded_size
 from runs.domain.receipts import Trace, count_receipt, receipt
 from runs.domain.text import clipped, quoted_id, short_id
 from runs.models import (
@@ -231,6 +233,16 @@ class Ending:
 
     @classmethod
     def completed(cls, output=None) -> "Ending":
+        """Completed with ``output``; failed, saying so, when the output encodes to more
+        than AWAKEN_MAX_OUTPUT_BYTES (no page, answer or push then carries it)."""
+        cap = settings.AWAKEN_MAX_OUTPUT_BYTES
+        try:
+            size = encoded_size(output)
+        except (TypeError, ValueError):  # not JSON: refused where it is stored
+            size = 0
+        if size > cap:
+            return cls.failed(f"The run's output is {size} bytes encoded, more than "
+                              f"AWAKEN_MAX_OUTPUT_BYTES ({cap}): it was not kept.")
         return cls(EndCause.COMPLETED, output=output)
 
     @classmethod

@@ -54,6 +54,16 @@ class NotActive(ServiceError):
     code = "not_active"
 
 
+class Busy(ServiceError):
+    """The control plane could not even try (its delivery capacity is full, or the database
+    pool is exhausted): nothing was sent or changed, and the caller may try again after
+    ``retry_after`` seconds. Never a NotActive: that answer is final."""
+
+    code = "busy"
+    status = 503
+    retry_after = 1
+
+
 class Fenced(ServiceError):
     """An attempt whose generation or lease is no longer current; it may commit nothing."""
 

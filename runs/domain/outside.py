@@ -28,7 +28,9 @@ class Workers(Protocol):
                               command: str, actor: str | None = None,
                               source: str | None = None, message=None) -> None:
         """Send a live command to the attempt ``generation`` held by ``owner``, waiting
-        a bounded time for the answer; raise ``NotActive`` when nothing there takes it."""
+        a bounded time for the answer; raise ``NotActive`` when nothing there takes it
+        (final: a command not taken in time is dropped by its worker), ``Busy`` when it
+        could not be sent at all."""
 
     def send_command(self, *, run_id, generation: int, owner: str, command: str,
                      actor: str | None = None, source: str | None = None) -> None:

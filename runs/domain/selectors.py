@@ -321,8 +321,9 @@ def decode_cursor(cursor: str, sort: str = "-created"):
         raise InvalidRequest("The cursor is not one this API gave out.", field="cursor") from None
 
 
-def run_events(*, run: Run, after: int = 0):
-    return list(run.events.filter(seq__gt=after).order_by("seq"))
+def run_events(*, run: Run, after: int = 0, limit: int = 1000):
+    """The run's events after seq ``after``, in order, ``limit`` at most."""
+    return list(run.events.filter(seq__gt=after).order_by("seq")[:limit])
 
 
 def events_after(*, after: int = 0, limit: int = 100):
@@ -435,14 +436,29 @@ def replay(*, after: int, run_id=None) -> list[str]:
     return [change_text(run=current[e.run_id], event=e) for e in page]
 
 
+# A run's page shows its newest events and its first descendants, this many at most
+# (the events API pages through all of them), so it costs the same for a run of any size.
+PAGE_EVENTS = 200
+PAGE_TREE = 200
+# The events after which a run is in a new state (a step or a request changes none).
+STATE_KINDS = (EventKind.CREATED, EventKind.STARTED, EventKind.PAUSED, EventKind.RESUMED,
+               EventKind.REQUEUED, EventKind.ENDED)
+
+
 def run_page(*, run_id) -> dict:
-    """Everything a run's page shows: the run, its timeline, attempts, tickets, control
-    requests, and the tree of its descendants."""
+    """Everything a run's page shows: the run, its newest ``PAGE_EVENTS`` events (and its
+    newest state changes, which date its state), attempts, tickets, control requests, and
+    the first ``PAGE_TREE`` of its descendants."""
     run = run_get(run_id)
-    tree = run_tree(run)
+    tree = run_tree(run, most=PAGE_TREE)
+    events = list(run.events.order_by("-seq")[:PAGE_EVENTS])[::-1]
     return {
         "run": run,
-        "events": list(run.events.order_by("seq")),
+        "events": events,
+        "events_hidden": max(0, run.version - len(events)),
+        "state_events": list(run.events.filter(kind__in=STATE_KINDS)
+                             .order_by("-seq")[:PAGE_EVENTS])[::-1],
+        "tree_cut": len(tree) >= PAGE_TREE,
         "attempts": list(run.attempts.order_by("generation")),
         "tickets": list(run.tickets.order_by("created_at")),
         "intents": list(run.intents.order_by("requested_at")),
@@ -451,12 +467,18 @@ def run_page(*, run_id) -> dict:
     }
 
 
-def run_tree(run: Run, *, levels: int = 5) -> list[tuple[int, Run]]:
-    """The run's descendants, depth-first with their depth; one query per level."""
+def run_tree(run: Run, *, levels: int = 5, most: int | None = None) -> list[tuple[int, Run]]:
+    """The run's descendants, depth-first with their depth; one query per level, and at
+    most ``most`` descendants (the nearer levels first)."""
     children_of: dict = {}
     frontier = [run.id]
+    found = 0
     for _ in range(levels):
-        level = list(runs().filter(parent_id__in=frontier).order_by("created_at"))
+        if most is not None and found >= most:
+            break
+        level = runs().filter(parent_id__in=frontier).order_by("created_at")
+        level = list(level if most is None else level[:most - found])
+        found += len(level)
         if not level:
             break
         for child in level:

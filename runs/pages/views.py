@@ -199,7 +199,7 @@ def run_panel(run_id) -> dict:
     run = with_pending([page["run"]])[0]
     facts = activity.activity_facts(run_id=run.id)
     events = page["events"]
-    changed = [event for event in events if event.kind in STATE_EVENTS]
+    changed = page["state_events"]
     # Newest first; a live request (a pause) shows where it was taken, before its effect.
     timeline = sorted([*((event.at, 1, "event", event) for event in events),
                        *((entry.at, 0, "request", entry) for entry in facts["live_requests"])],
@@ -207,7 +207,7 @@ def run_panel(run_id) -> dict:
     return {**page, **facts,
             "timeline": [(kind, item) for _, _, kind, item in timeline],
             "state_since": changed[-1].at if changed else run.created_at,
-            "requests": control_rows(page["intents"], facts["live_requests"], events),
+            "requests": control_rows(page["intents"], facts["live_requests"], changed),
             "current_attempt": next((a for a in page["attempts"] if a.closed_at is None),
                                     None),
             "reruns": list(selectors.runs().filter(rerun_of_id=run.id).select_related(None)
@@ -235,11 +235,6 @@ def raise_limit(run) -> dict | None:
     if suggested is not None and rule.integral:
         suggested = int(max(suggested, current + 1))
     return {"rule": rule, "current": current, "suggested": suggested}
-
-
-# The events after which a run is in a new state (a step or a request changes none).
-STATE_EVENTS = {EventKind.CREATED, EventKind.STARTED, EventKind.PAUSED, EventKind.RESUMED,
-                EventKind.REQUEUED, EventKind.ENDED}
 
 
 def control_rows(intents, live_requests, events) -> list[dict]:

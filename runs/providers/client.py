@@ -44,6 +44,11 @@ class ProviderError(Exception):
         self.retries_exhausted = retries_exhausted
 
 
+class ReplyTooLarge(ProviderError):
+    """The reply went past AWAKEN_MAX_REPLY_BYTES: reading stopped there and the connection
+    was closed (so the provider stops generating, and charging). Not tried again."""
+
+
 class ProviderNotConfigured(ProviderError):
     """No base URL, or no model: see AWAKEN_PROVIDER_BASE_URL and AWAKEN_PROVIDER_MODEL."""
 
@@ -65,6 +70,7 @@ class ProviderConfig:
     model: str = ""
     timeout: float = 120.0  # seconds one try may take, first byte to last chunk
     max_retries: int = 3
+    max_reply_bytes: int = 1024 * 1024  # what is read of one reply at most
 
     @classmethod
     def from_settings(cls) -> "ProviderConfig":
@@ -72,7 +78,8 @@ class ProviderConfig:
                    api_key=settings.AWAKEN_PROVIDER_API_KEY,
                    model=settings.AWAKEN_PROVIDER_MODEL,
                    timeout=settings.AWAKEN_PROVIDER_TIMEOUT,
-                   max_retries=settings.AWAKEN_PROVIDER_MAX_RETRIES)
+                   max_retries=settings.AWAKEN_PROVIDER_MAX_RETRIES,
+                   max_reply_bytes=settings.AWAKEN_MAX_REPLY_BYTES)
 
 
 @dataclass(frozen=True)
@@ -278,9 +285,14 @@ class ChatClient:
             if response.status_code != 200:
                 await self._refuse(response)
             assembly = _Assembly(on_delta, model=body["model"])
-            async for line in response.aiter_lines():
-                if assembly.feed(line):
-                    break
+            rest = b""
+            async for piece in self._bounded(response):
+                *lines, rest = (rest + piece).split(b"\n")
+                for line in lines:
+                    if assembly.feed(line.decode("utf-8", "replace").rstrip("\r")):
+                        return assembly.reply()
+            if rest:
+                assembly.feed(rest.decode("utf-8", "replace"))
             return assembly.reply()
 
     async def _complete(self, body: dict, limit: float) -> Reply:
@@ -288,7 +300,7 @@ class ChatClient:
                                          timeout=self._timeouts(limit)) as response:
             if response.status_code != 200:
                 await self._refuse(response)
-            raw = await response.aread()
+            raw = b"".join([piece async for piece in self._bounded(response)])
         try:
             data = json.loads(raw)
             choice = data["choices"][0]
@@ -302,6 +314,19 @@ class ChatClient:
                      usage=Usage.of(data["usage"]) if data.get("usage") else None,
                      finish_reason=choice.get("finish_reason"),
                      model=data.get("model") or body["model"])
+
+    async def _bounded(self, response: httpx.Response):
+        """The body's bytes as they come, up to ``max_reply_bytes``: past that, ReplyTooLarge
+        (leaving the ``stream`` block closes the connection, half read)."""
+        cap = self.config.max_reply_bytes
+        received = 0
+        async for piece in response.aiter_bytes():
+            received += len(piece)
+            if received > cap:
+                raise ReplyTooLarge(f"The model's reply is larger than {cap} bytes "
+                                    "(AWAKEN_MAX_REPLY_BYTES): it was cut there and the "
+                                    "provider's connection closed.", code="reply_too_large")
+            yield piece
 
     async def _refuse(self, response: httpx.Response):
         """Raise for an answer other than 200: retryable for 408, 429 and 5xx."""

@@ -9,7 +9,8 @@ what it does: a reply kind, then flags joined with ``+`` (``canned+pace=0.05``):
 * Offered ``tools``, it first asks for each of them, with arguments made from the last user
   message; once their results are in, it answers and quotes them. With ``loop`` it asks
   for them again every time, with the same arguments: a model stuck in a loop.
-* ``words=N`` repeats the answer to N words; ``pace=S`` waits S seconds between chunks.
+* ``words=N`` repeats the answer to N words; ``bytes=N`` to N bytes, streamed 16 KiB to a
+  chunk (a huge answer, quickly); ``pace=S`` waits S seconds between chunks.
 * ``hang`` or ``hang=N``: after N chunks (1) it sends nothing more until its client goes, or
   until ``release()``, after which it sends the rest (a late chunk, if the client left). The
   flag may be given more than once: each hang waits for a release of its own.
@@ -45,6 +46,9 @@ DEFAULT_CANNED_REPLIES = {
 }
 
 
+PIECE_BYTES = 16 * 1024  # the text of one chunk, for bytes=N
+
+
 @dataclass
 class Call:
     """One request to the stub, as it saw it."""
@@ -67,6 +71,7 @@ class Call:
 class Behaviour:
     reply: str = "echo"
     words: int | None = None
+    size: int | None = None  # bytes=N
     pace: float | None = None
     hang_at: tuple[int, ...] = ()  # hang once this many chunks are sent
     fail_status: int | None = None
@@ -86,6 +91,8 @@ class Behaviour:
                 options["hang_at"] = (*options.get("hang_at", ()), int(value or 1))
             elif name == "words":
                 options["words"] = int(value)
+            elif name == "bytes":
+                options["size"] = int(value)
             elif name == "pace":
                 options["pace"] = float(value)
             elif name == "fail":
@@ -251,6 +258,7 @@ class Stub:
             if index and pace and not gone.is_set():
                 await asyncio.sleep(pace)
             await self._event(send, call, answer.chunk(delta, None))
+            await asyncio.sleep(0)  # the watcher's turn: a client gone is seen at once
             if gone.is_set():
                 return  # that chunk went nowhere; a real provider stops generating too
             if call.first_chunk is None:
@@ -295,14 +303,19 @@ class Stub:
         if behaviour.words:
             words = text.split()
             text = " ".join(words[i % len(words)] for i in range(behaviour.words))
+        if behaviour.size:
+            text = (text + " ") * (behaviour.size // (len(text) + 1) + 1)
+            return _Answer(text[:behaviour.size], [], prompt_tokens, piece_size=PIECE_BYTES)
         return _Answer(text, [], prompt_tokens)
 
 
 class _Answer:
     """What the stub says to one request, in either shape (streamed or whole)."""
 
-    def __init__(self, text: str, tool_calls: list[dict], prompt_tokens: int):
+    def __init__(self, text: str, tool_calls: list[dict], prompt_tokens: int, *,
+                 piece_size: int | None = None):
         self.text = text
+        self.piece_size = piece_size
         self.tool_calls = tool_calls
         self.prompt_tokens = prompt_tokens
         self.finish_reason = "tool_calls" if tool_calls else "stop"
@@ -329,6 +342,9 @@ class _Answer:
                 pieces.append({"tool_calls": [{"index": index, "function": {
                     "arguments": arguments[half:]}}]})
             return pieces
+        if self.piece_size:
+            return [{"content": self.text[i:i + self.piece_size]}
+                    for i in range(0, len(self.text), self.piece_size)]
         words = self.text.split(" ")
         return [{"content": word + (" " if i < len(words) - 1 else "")}
                 for i, word in enumerate(words)]

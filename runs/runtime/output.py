@@ -12,6 +12,10 @@ cancelled, nothing more is pushed, and whatever waits is dropped.
 import asyncio
 import json
 
+# The text of one push at most, in characters: encoded as JSON (6 bytes for a character at
+# worst), well under the 1 MiB of a websocket message. More text goes in several pushes.
+PUSH_CHARS = 32 * 1024
+
 
 def utf16_length(text: str) -> int:
     """The length of ``text`` as a browser counts it, for offsets the page can use."""
@@ -67,12 +71,14 @@ class LiveOutput:
         for stream in dirty:
             if not stream.pending:
                 continue
-            delta = "".join(stream.pending)
+            text = "".join(stream.pending)
             stream.pending.clear()
-            self.publish(self.run_id, json.dumps({
-                "type": "run.output", "run_id": self.run_id, "generation": self.generation,
-                "call": stream.call, "offset": stream.offset, "delta": delta}))
-            stream.offset += utf16_length(delta)
+            for start in range(0, len(text), PUSH_CHARS):
+                delta = text[start:start + PUSH_CHARS]
+                self.publish(self.run_id, json.dumps({
+                    "type": "run.output", "run_id": self.run_id, "generation": self.generation,
+                    "call": stream.call, "offset": stream.offset, "delta": delta}))
+                stream.offset += utf16_length(delta)
         self._last = asyncio.get_running_loop().time()
 
 

@@ -3,9 +3,9 @@
 Nothing talks to the broker on the thread that needs it sent: a request thread hands the
 call to one of these threads, with their own broker connections, and waits for an answer
 no longer than its deadline (SPEC §8), holding no database connection meanwhile. At most
-``AWAKEN_COURIER_THREADS`` calls are made at once and ``AWAKEN_COURIER_BACKLOG`` wait; past
-that a call is refused at once (counted by ``awaken_courier_dropped``, a name kept from
-when these threads were called the courier) rather than queued without end.
+``AWAKEN_BROKER_THREADS`` calls are made at once and ``AWAKEN_BROKER_BACKLOG`` wait; past
+that a call is refused at once (counted by ``awaken_broker_dropped``) rather than queued
+without end.
 """
 
 import logging
@@ -20,9 +20,13 @@ from prometheus_client import Counter
 
 log = logging.getLogger(__name__)
 
-DROPPED = Counter("awaken_courier_dropped", "Broker calls this process did not make because "
+DROPPED = Counter("awaken_broker_dropped", "Broker calls this process did not make because "
                   "its broker threads were full (a dispatch or a live command; both are "
                   "recovered).")
+
+
+class BrokerFull(Exception):
+    """Every broker thread and backlog place is taken: the call was not made."""
 
 
 class BrokerThreads:
@@ -51,11 +55,11 @@ class BrokerThreads:
     def call(self, fn, /, *, timeout: float, **kwargs):
         """``fn(**kwargs)`` on a broker thread, waited for at most ``timeout`` seconds by a
         caller that holds no database connection meanwhile. Raises TimeoutError when it
-        takes longer (or no broker thread is free); the call itself goes on, with a deadline of
-        its own."""
+        takes longer, the call itself going on with a deadline of its own; BrokerFull when
+        no broker thread or backlog place is free (nothing was sent)."""
         future = self.post(fn, **kwargs)
         if future is None:
-            raise TimeoutError("every broker thread is taken")
+            raise BrokerFull("every broker thread is taken")
         release_database()
         try:
             return future.result(timeout)
@@ -90,9 +94,8 @@ def broker_threads() -> BrokerThreads:
     global _threads
     with _threads_lock:
         if _threads is None:
-            # The settings keep their first name, AWAKEN_COURIER_*: they are configuration.
-            _threads = BrokerThreads(threads=settings.AWAKEN_COURIER_THREADS,
-                                     backlog=settings.AWAKEN_COURIER_BACKLOG)
+            _threads = BrokerThreads(threads=settings.AWAKEN_BROKER_THREADS,
+                                     backlog=settings.AWAKEN_BROKER_BACKLOG)
         return _threads
 
 

@@ -4,8 +4,12 @@ It runs in the worker's main process, where the executor and its active-attempt 
 live. A command reaches an attempt only if the attempt is registered here under the
 generation named, and the run's claim, as committed, is still this process's for that
 generation (an attempt the sweeper re-queued meanwhile is not live, whatever the registry
-says). Anything else is NotActive.
+says). Anything else is NotActive. A command carries its deadline: one applied after it
+would contradict the NotActive its sender has answered meanwhile, so it is dropped.
 """
+
+import logging
+import time
 
 from celery.signals import worker_init
 from celery.worker.control import control_command
@@ -13,6 +17,8 @@ from django.db import close_old_connections
 
 from runs.domain import selectors
 from runs.runtime.executor import current_executor
+
+log = logging.getLogger(__name__)
 
 # The node name this process's worker answers to: the destination of live commands.
 node_name: str | None = None
@@ -30,21 +36,26 @@ def remember_node_name(sender, **kwargs):
 
 @control_command(
     args=[("run_id", str), ("generation", int), ("command", str), ("actor", str),
-          ("source", str)],
-    signature="<run_id> <generation> <cancel|pause|wake|message> [actor] [source] [message]",
+          ("source", str), ("deadline", float)],
+    signature="<run_id> <generation> <cancel|pause|wake|message> [actor] [source] "
+              "[deadline] [message]",
 )
 def awaken_command(state, run_id, generation, command, actor=None, source=None,
-                   message=None):
+                   deadline=None, message=None):
     """The command sent by ``runs.workers.dispatch``; the answer says whether it was
-    applied (the web side waits for it only when it asked for one)."""
-    return {"applied": apply_command(run_id, generation, command, actor=actor,
-                                     source=source, message=message),
+    applied (the web side waits for it only when it asked for one). ``deadline``: the
+    time (seconds since the epoch) after which it is dropped."""
+    return {"applied": apply_command(run_id, generation, command, deadline=deadline,
+                                     actor=actor, source=source, message=message),
             "generation": generation}
 
 
-def apply_command(run_id, generation: int, command: str, **details) -> bool:
-    """Apply a live command to attempt ``generation`` of the run if it lives here and still
-    holds the claim; whether it was applied."""
+def apply_command(run_id, generation: int, command: str, *, deadline: float | None = None,
+                  **details) -> bool:
+    """Apply a live command to attempt ``generation`` of the run if it lives here, still
+    holds the claim and ``deadline`` has not passed; whether it was applied."""
+    if late(deadline, run_id, command):
+        return False
     executor = current_executor()
     if executor is None:
         return False
@@ -58,4 +69,15 @@ def apply_command(run_id, generation: int, command: str, **details) -> bool:
         return False
     if executor.registry.get(run_id, generation) is None:
         executor.registry.wait_for(run_id, generation, REGISTRATION_WAIT)
+    if late(deadline, run_id, command):
+        return False
     return executor.registry.apply(run_id, generation, command, **details) is not None
+
+
+def late(deadline: float | None, run_id, command: str) -> bool:
+    """Whether a command's deadline has passed (it is then dropped, and logged)."""
+    if deadline is None or time.time() <= deadline:
+        return False
+    log.info("live %s for run %s dropped: %.1f s past its deadline", command, run_id,
+             time.time() - deadline)
+    return True

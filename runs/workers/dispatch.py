@@ -9,20 +9,27 @@ renewal or is applied when the lease expires.
 """
 
 import logging
+import time
 
 from celery import current_app
 from django.conf import settings
 from django.utils import timezone
 from prometheus_client import Counter
 
-from runs.domain.errors import NotActive
-from runs.workers.broker import broker_threads
+from runs.domain.errors import Busy, NotActive
+from runs.workers.broker import BrokerFull, broker_threads
 
 log = logging.getLogger(__name__)
 
 EXECUTE = "runs.execute"  # the worker side's task (runs.tasks.execute), sent by name
 BULK = "runs.bulk"  # the task that carries out a bulk job (runs.tasks.bulk)
 COMMAND = "awaken_command"  # the remote-control command of runs.workers.commands
+
+# A live command's deadline is this long before its sender stops waiting for the answer,
+# so that an answer given at the deadline still reaches it: what is not taken by then is
+# dropped by the worker, and a NotActive answer is final (SPEC §4). The deadline is on the
+# wall clock, shared by the web and the workers (NTP keeps their clocks well within this).
+ANSWER_MARGIN = 0.25
 
 NOT_ACTIVE = Counter("awaken_not_active", "Live commands this process sent that were answered "
                      "NotActive (no live attempt, or its owner did not take it).", ["command"])
@@ -90,18 +97,25 @@ def send_command_and_wait(*, run_id, generation: int, owner: str | None, command
 
     Raises NotActive when nothing holds the claim, its owner does not take the command
     (another generation, a finished attempt, a worker that is gone) or no answer comes in
-    time. Nothing is retried.
+    time; the command carries its deadline, and a worker that receives it later drops it,
+    so the answer is final. Raises Busy when no broker thread can send it (nothing was
+    sent). Nothing is retried.
     """
     if owner is not None:
         timeout = settings.AWAKEN_DELIVERY_TIMEOUT
         try:
-            if broker_threads().call(_ask_owner, timeout=timeout + 0.25,
+            if broker_threads().call(_ask_owner, timeout=timeout + ANSWER_MARGIN,
                                      node=owner_node(owner),
                                      arguments={"run_id": str(run_id),
                                                 "generation": generation, "command": command,
                                                 "actor": actor, "source": source,
-                                                "message": message}):
+                                                "message": message,
+                                                "deadline": time.time() + timeout
+                                                - ANSWER_MARGIN}):
                 return
+        except BrokerFull:
+            raise Busy(f"Too many live commands in flight here: the {command} of run "
+                       f"{run_id} was not sent. Try again shortly.") from None
         except TimeoutError:
             log.info("run %s: no answer to %s in time", run_id, command)
     NOT_ACTIVE.labels(command).inc()
@@ -113,10 +127,12 @@ def send_command_and_wait(*, run_id, generation: int, owner: str | None, command
 def send_command(*, run_id, generation: int, owner: str, command: str,
                  actor: str | None = None, source: str | None = None) -> None:
     """Send a live command and wait for nobody: the durable path stands behind it. No answer
-    is asked for, so the worker sends none."""
+    is asked for, so the worker sends none; it drops the command past its deadline."""
     broker_threads().post(_ask_owner, node=owner_node(owner), reply=False,
                           arguments={"run_id": str(run_id), "generation": generation,
-                                     "command": command, "actor": actor, "source": source})
+                                     "command": command, "actor": actor, "source": source,
+                                     "deadline": time.time()
+                                     + settings.AWAKEN_DELIVERY_TIMEOUT})
 
 
 def _ask_owner(*, node: str, arguments: dict, reply: bool = True) -> bool:

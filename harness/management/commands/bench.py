@@ -151,13 +151,14 @@ class Command(BaseCommand):
             "argument, all of them in one table. On demand only: 'hostile', the hostile-input "
             "suite against a real daphne, with its memory and CPU before, during and after; "
             "'spread', 10,000 live attempts on 4 worker processes: cancels among them, their "
-            "memory and what a lease interval costs the database.")
+            "memory and what a lease interval costs the database; 'flood', a viewer's read "
+            "flood against the database pool while an operator cancels.")
 
     def add_arguments(self, parser):
         parser.add_argument("what", nargs="?", default="all",
                             choices=["all", "cancel", "provider", "push", "lifecycle", "list",
                                      "memory", "sql", "metrics", "leases", "spread",
-                                     "hostile"])
+                                     "hostile", "flood"])
         parser.add_argument("--live", default="1,100,500",
                             help="cancel: numbers of other live attempts on the worker.")
         parser.add_argument("--cancels", type=int, default=300,
@@ -243,6 +244,9 @@ class Command(BaseCommand):
         if what == "hostile":
             self.hostile(hostile.Sizes.scaled(options["scale"]), options["rounds"],
                          options["seed"])
+            return
+        if what == "flood":
+            self.flood(options["rounds"])
             return
         rows = []
         try:
@@ -803,6 +807,59 @@ class Command(BaseCommand):
                                "in one process), sqlite3, in-memory broker and layer",
                                hostile.attack(target, sizes, rounds=rounds, seed=seed,
                                               say=self.stdout.write))
+
+    def flood(self, rounds: int, runs: int = 2000, parallel: int = 120,
+              cancels: int = 50) -> None:
+        """The read flood of a hostile viewer, full size: ``parallel`` requests at once of
+        ``GET /api/runs/?limit=500`` (over ``runs`` runs), ``rounds`` times, from one viewer
+        key, against a web process on the default pool (20 connections), while an operator
+        cancels ``cancels`` queued runs one after another. Prints the answers by status,
+        the cancels' latency and the web process's memory after."""
+        from collections import Counter
+
+        viewer = StringIO()
+        call_command("operator_token", "bench-viewer", "--role", "viewer", "--create",
+                     stdout=viewer)
+        viewer = viewer.getvalue().strip()
+        created = [domain.run_create(agent="demo.steps", dispatch=False, source="cli")[0].id
+                   for _ in range(runs)]
+        targets = [str(run_id) for run_id in created[:cancels]]
+        with self.system(workers=1) as (web, _):
+            rss_before = rss_kib(web.pid)
+            reads: Counter = Counter()
+            answers: Counter = Counter()
+            took: list[float] = []
+            started = time.monotonic()
+
+            def read(_):
+                return web.call("GET", "/api/runs/?limit=500", token=viewer, timeout=60)[0]
+
+            def cancel_all():
+                for run_id in targets:
+                    begun = time.monotonic()
+                    answers[web.call("POST", f"/api/runs/{run_id}/cancel/?wait=0", {},
+                                     token=self.token, timeout=60)[0]] += 1
+                    took.append(time.monotonic() - begun)
+
+            with ThreadPoolExecutor(parallel + 1) as pool:
+                operator = pool.submit(cancel_all)
+                for _ in range(rounds):
+                    reads.update(pool.map(read, range(parallel)))
+                operator.result()
+            elapsed = time.monotonic() - started
+            rss_after = rss_kib(web.pid)
+        for run_id in created[cancels:]:
+            domain.run_cancel(run_id=run_id, actor="bench", source="cli")
+        p50, p95, worst = percentiles(took)
+        worst = max(took)
+        self.stdout.write(
+            f"\nRead flood: {parallel} parallel GET /api/runs/?limit=500 over {runs} runs, "
+            f"{rounds} round(s), one viewer key, DB_POOL_MAX "
+            f"{os.getenv('DB_POOL_MAX', '20')}; {elapsed:.1f} s; {os.cpu_count()} cores\n"
+            f"  reads by status: {dict(sorted(reads.items()))}\n"
+            f"  operator's cancels by status: {dict(sorted(answers.items()))}, "
+            f"p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, max {worst * 1000:.0f} ms\n"
+            f"  web RSS: {rss_before / 1024:.0f} MiB before, {rss_after / 1024:.0f} MiB after\n")
 
     def layout(self) -> str:
         database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]

@@ -19,9 +19,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 
-from runs import domain
 from runs.providers.stub import Stub, StubServer
 from runs.sockets import daphne
+from runs.workers.sweeper import Sweeper
 from runs.workers.webhooks import send_due
 
 log = logging.getLogger(__name__)
@@ -99,17 +99,9 @@ def start_worker(concurrency: int) -> threading.Thread:
     return thread
 
 
-def start_sweeper() -> threading.Thread:
-
-    interval = max(1.0, settings.AWAKEN_LEASE_SECONDS / 3)
-    stop = threading.Event()
-
-    def loop():
-        while not stop.wait(interval):
-            try:
-                domain.sweep()
-            except Exception:
-                log.warning("sweep failed", exc_info=True)
+def start_sweeper() -> Sweeper:
+    """The sweeper of beat, as a thread of this process; and the webhooks' delivery rounds,
+    which beat has a worker run."""
 
     def send_webhooks():
         while not stop.wait(2.0):
@@ -118,7 +110,6 @@ def start_sweeper() -> threading.Thread:
             except Exception:
                 log.warning("sending webhooks failed", exc_info=True)
 
+    stop = threading.Event()
     threading.Thread(target=send_webhooks, name="embedded-webhooks", daemon=True).start()
-    thread = threading.Thread(target=loop, name="embedded-sweeper", daemon=True)
-    thread.start()
-    return thread
+    return Sweeper(name="embedded-sweeper").start()
