@@ -34,9 +34,11 @@ def sqlite_took(row: str) -> str:
     # stores "YYYY-MM-DD HH:MM:SS[.ffffff]", and julianday keeps only milliseconds.
     def micro(column):
         return f"coalesce(cast(nullif(substr({row}.{column}, 21), '') AS REAL), 0)"
-    return (f"(round((julianday(substr({row}.applied_at, 1, 19)) - "
+    # Rounded to the microsecond, as stored: the sum of the two parts is a float a few ulps
+    # off, enough to put a time that is exactly a bound into the next bucket.
+    return (f"round(round((julianday(substr({row}.applied_at, 1, 19)) - "
             f"julianday(substr({row}.requested_at, 1, 19))) * 86400.0) + "
-            f"({micro('applied_at')} - {micro('requested_at')}) / 1000000.0)")
+            f"({micro('applied_at')} - {micro('requested_at')}) / 1000000.0, 6)")
 
 
 DELTA = "INSERT INTO runs_metricdelta (name, key, value)"
