@@ -62,11 +62,19 @@ class DeliverySerializer(serializers.Serializer):
     delivered_at = serializers.DateTimeField(allow_null=True)
 
 
+class WebhookPageSerializer(serializers.Serializer):
+    results = WebhookSerializer(many=True)
+
+
+class DeliveryPageSerializer(serializers.Serializer):
+    results = DeliverySerializer(many=True)
+
+
 class WebhooksView(APIView):
     permission_classes = [IsOperator]
 
     @extend_schema(operation_id="webhooks_list",
-                   responses={200: WebhookSerializer(many=True), **ERRORS})
+                   responses={200: WebhookPageSerializer, **ERRORS})
     def get(self, request):
         from runs.models import WebhookEndpoint
 
@@ -88,7 +96,7 @@ class DeliveriesView(APIView):
     permission_classes = [IsOperator]
 
     @extend_schema(operation_id="webhooks_deliveries",
-                   responses={200: DeliverySerializer(many=True), **ERRORS})
+                   responses={200: DeliveryPageSerializer, **ERRORS})
     def get(self, request, endpoint_id):
         """The endpoint's deliveries, newest first (the last 100)."""
         endpoint = webhooks.endpoint_get(endpoint_id)
@@ -103,6 +111,7 @@ class RedeliverView(APIView):
                    responses={200: DeliverySerializer, **ERRORS})
     def post(self, request, endpoint_id, delivery_id):
         """Send a delivery again, now, with the same webhook-id."""
+        validated(NoBodySerializer, request)
         endpoint = webhooks.endpoint_get(endpoint_id)
         return Response(delivery_data(webhooks.redeliver(endpoint=endpoint,
                                                          delivery_id=delivery_id)))
