@@ -646,6 +646,7 @@ class Command(BaseCommand):
         spec = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
         bench_user = get_user_model().objects.get(username="bench").pk
         rows, rates = [], {"singles": [], "batches": [], "baseline": []}
+        system_cpu = {"singles": [], "batches": [], "baseline": []}
         with self.system_of(webs, workers) as (started_webs, started_workers), \
                 (BaselineSystem(workers, every) if not no_baseline else _nothing()) as baseline:
             groups = {"web": [web.pid for web in started_webs],
@@ -671,6 +672,7 @@ class Command(BaseCommand):
                                  f"{completed} of {sent} completed in {elapsed:.1f} s, "
                                  f"{where}; {load_span(load)}"))
                     rows += cpu_rows(key, "lifecycle", how, spent)
+                    system_cpu[name].append(rows[-2][2])
                 if baseline is not None:
                     load = load_average()
                     cpu = CpuMeter({"workers": [baseline.worker.pid]})
@@ -682,6 +684,7 @@ class Command(BaseCommand):
                                  f"{done} in {elapsed:.1f} s; {baseline.note}; "
                                  f"{load_span(load)}"))
                     rows += cpu_rows(key, "task", "baseline", spent)
+                    system_cpu["baseline"].append(rows[-2][2])
         if rates["baseline"]:
             base = statistics.median(rates["baseline"])
             protocol = (f"protocol: {CALLERS} callers each side send without waiting, the "
@@ -696,6 +699,12 @@ class Command(BaseCommand):
                     in zip(rates[name], rates["baseline"], strict=True)) + ")")
                 rows.append((f"{workers} wkr", f"ratio to the baseline, {how}", Ratio(ratio),
                              f"goal >= {goal:.1f}x{spread}; {protocol}"))
+                # What a loaded machine disturbs least: the system's CPU for the same work.
+                cpu_ratio = (statistics.median(system_cpu["baseline"])
+                             / statistics.median(system_cpu[name]))
+                rows.append((f"{workers} wkr", f"baseline's system CPU / ours, {how}",
+                             Ratio(cpu_ratio), "above 1.0x ours costs less CPU per lifecycle "
+                                               "than the baseline per task"))
         return rows
 
     def list_latency(self, target: int, requests: int = 300) -> list:
