@@ -9,6 +9,7 @@ import asyncio
 import http.client
 import json
 import os
+import re
 import socket
 import statistics
 import sys
@@ -132,6 +133,70 @@ def create_in_batches(client, spec: dict, count: int, size: int) -> list[str]:
     return made
 
 
+class KeptConnection:
+    """The lifecycle benchmark's HTTP client, as cheap as a client can be, so that what it
+    costs stays small next to what it measures: one kept socket, requests encoded once and
+    sent as bytes, and of each response only the status read (the body is read to its
+    ``Content-Length`` and not parsed). Django's CommonMiddleware gives every response of
+    the API a length."""
+
+    def __init__(self, port: int, token: str):
+        self.address = ("127.0.0.1", port)
+        self.token = token
+        self.socket: socket.socket | None = None
+        self.buffer = b""
+
+    def request(self, method: str, path: str, body: bytes = b"") -> bytes:
+        """The bytes of one request, to send any number of times."""
+        return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Authorization: Token {self.token}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+    def send(self, request: bytes) -> int:
+        """Send a request made by ``request`` and read its response; its status."""
+        if self.socket is None:
+            self.socket = socket.create_connection(self.address, timeout=60)
+            self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.socket.sendall(request)
+        while (end := self.buffer.find(b"\r\n\r\n")) < 0:
+            self.buffer += self.receive()
+        head, self.buffer = self.buffer[:end], self.buffer[end + 4:]
+        length = re.search(rb"\r\ncontent-length: *(\d+)", head, re.IGNORECASE)
+        if length is None:
+            raise CommandError(f"a response without Content-Length: {head[:200]!r}")
+        while len(self.buffer) < int(length.group(1)):
+            self.buffer += self.receive()
+        self.buffer = self.buffer[int(length.group(1)):]
+        return int(head[9:12])
+
+    def receive(self) -> bytes:
+        data = self.socket.recv(65536)
+        if not data:
+            raise CommandError("the web process closed the connection")
+        return data
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.socket.close()
+
+
+def load_average() -> float:
+    """The machine's load average over the last minute."""
+    return os.getloadavg()[0]
+
+
+def load_span(before: float) -> str:
+    """The load average at a measurement's start and now, and the CPUs that share it."""
+    return f"load {before:.2f} -> {load_average():.2f} on {os.cpu_count()} CPUs"
+
+
+def with_load(measure) -> list:
+    """The rows ``measure()`` makes, each with the load average at its start and end."""
+    before = load_average()
+    rows = measure()
+    return [(*row, f"{before:.2f}-{load_average():.2f}") for row in rows]
+
+
 class Client:
     def __init__(self, port: int, token: str):
         self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -180,9 +245,12 @@ class Command(BaseCommand):
         parser.add_argument("--rounds", type=int, default=1,
                             help="lifecycle: rounds, each ours then the Celery baseline; "
                                  "hostile: times the whole attack is repeated.")
-        parser.add_argument("--baseline-poll", type=float, default=0.005,
-                            help="lifecycle: seconds between a baseline caller's polls of "
-                                 "the result table (AsyncResult.get's interval).")
+        parser.add_argument("--count-every", type=float, default=0.25,
+                            help="lifecycle: seconds between counts of the completed, on "
+                                 "both sides.")
+        parser.add_argument("--webs", type=int, default=1,
+                            help="lifecycle, spread: web processes, the callers (lifecycle) "
+                                 "or the cancels (spread) spread over them in turn.")
         parser.add_argument("--list-runs", type=int, default=100_000,
                             help="list: runs in the database (imported in bulk if fewer).")
         parser.add_argument("--attempts", type=int, default=500,
@@ -209,11 +277,17 @@ class Command(BaseCommand):
                                  "metrics, if fewer).")
 
     def handle(self, what, **options):
+        self.load = load_average()
+        if self.load > 1.0:
+            self.stderr.write(f"warning: the machine is loaded before the benchmark starts "
+                              f"(load average {self.load:.2f} over the last minute, "
+                              f"{os.cpu_count()} CPUs): its figures are no verdict; rerun on "
+                              "a quiet machine")
         if what == "sql":  # in this process alone: the database is all it needs
-            self.print_table(self.statements(options["transitions"]))
+            self.print_table(with_load(lambda: self.statements(options["transitions"])))
             return
         if what == "leases":  # in this process alone too
-            self.print_table(leases_bench(options["leased"]))
+            self.print_table(with_load(lambda: leases_bench(options["leased"])))
             return
         if what == "hostile" and options["embedded"]:  # a site of its own, on SQLite
             self.hostile_embedded(hostile.Sizes.scaled(options["scale"]), options["rounds"],
@@ -232,14 +306,14 @@ class Command(BaseCommand):
                                       options["commits"]),
             "lifecycle": lambda: self.lifecycle(options["lifecycles"], options["workers"],
                                                 options["rounds"], options["no_baseline"],
-                                                options["baseline_poll"]),
+                                                options["count_every"], options["webs"]),
             "list": lambda: self.list_latency(options["list_runs"]),
             "memory": lambda: self.memory(options["attempts"]),
             "sql": lambda: self.statements(options["transitions"]),
             "metrics": lambda: self.metrics(options["metrics_runs"], options["scrapes"]),
             "spread": lambda: self.spread(options["spread"], options["workers"],
                                           options["cancels"], options["batch"],
-                                          options["ended"]),
+                                          options["ended"], options["webs"]),
         }
         if what == "hostile":
             self.hostile(hostile.Sizes.scaled(options["scale"]), options["rounds"],
@@ -251,7 +325,7 @@ class Command(BaseCommand):
         rows = []
         try:
             for name in ([p for p in parts if p != "spread"] if what == "all" else [what]):
-                rows += parts[name]()
+                rows += with_load(parts[name])
         except (TimeoutError, ProcessFailed) as error:
             raise CommandError(str(error)) from error
         self.print_table(rows)
@@ -261,17 +335,24 @@ class Command(BaseCommand):
         """A web process and ``workers`` worker processes of the benchmark's own, on a queue
         of its own, with their logs in a temporary directory; yields the web process and
         the workers."""
+        with self.system_of(1, workers, extra_env) as ([web], started):
+            yield web, started
+
+    @contextmanager
+    def system_of(self, webs: int, workers: int, extra_env: dict | None = None):
+        """As ``system``, with ``webs`` web processes; yields them and the workers."""
         queue = f"awaken-bench-{uuid.uuid4().hex[:8]}"
         env = {"AWAKEN_QUEUE": queue, **(extra_env or {})}
         logs = Path(tempfile.mkdtemp(prefix="awaken-bench-"))
         with Processes() as processes:
-            web = processes.add(Web(extra_env=env, log_dir=logs))
+            served = [processes.add(Web(name=f"web{index}" if index else "web", extra_env=env,
+                                        log_dir=logs)) for index in range(webs)]
             started = [processes.add(Worker(f"bench{index}-{queue}", queue=queue, concurrency=8,
                                             extra_env=env, loglevel="WARNING", log_dir=logs))
                        for index in range(workers)]
             processes.wait_ready(90)
             try:
-                yield web, started
+                yield served, started
             finally:
                 self.cleanup()  # while the workers still take live commands
 
@@ -364,15 +445,18 @@ class Command(BaseCommand):
                       for _ in range(level)]
         wait_until(lambda: Run.objects.filter(pk__in=background, state=RunState.RUNNING).count()
                    == len(background), 120, f"{level} live attempts")
-        measured = self.cancel_samples(client, cancels, batch, cpu_of)
+        measured = self.cancel_samples([client], cancels, batch, cpu_of)
         for run_id in background:
             client.call("POST", f"/api/runs/{run_id}/cancel/?wait=0", {})
         return measured.rows(f"{level} live")
 
-    def cancel_samples(self, client, cancels: int, batch: int, cpu_of: dict) -> "Cancels":
-        """Start hung runs ``batch`` at a time and cancel them one by one over HTTP: the time
-        from each request to the committed end and to the response, and the CPU that the
-        processes of ``cpu_of`` (name -> processes) spent from request to response."""
+    def cancel_samples(self, clients: list, cancels: int, batch: int,
+                       cpu_of: dict) -> "Cancels":
+        """Start hung runs ``batch`` at a time and cancel them one by one over HTTP, each
+        through the next of ``clients`` (one per web process) in turn: the time from each
+        request to the committed end and to the response, and the CPU that the processes
+        of ``cpu_of`` (name -> processes) spent from request to response."""
+        client = clients[0]
         measured = Cancels(cpu=dict.fromkeys(cpu_of, 0))
         while len(measured.answered) < cancels and measured.unstarted < cancels:
             runs = [self.create(client, "demo.hang")
@@ -393,7 +477,8 @@ class Command(BaseCommand):
                 cpu_before = {name: sum(cpu_ns(p.popen.pid) for p in group)
                               for name, group in cpu_of.items()}
                 sent_wall, sent = time.time(), time.monotonic()
-                status, body = client.call("POST", f"/api/runs/{run_id}/cancel/", {})
+                status, body = clients[len(measured.answered) % len(clients)].call(
+                    "POST", f"/api/runs/{run_id}/cancel/", {})
                 measured.answered.append((time.monotonic() - sent) * 1000)
                 for name, group in cpu_of.items():
                     measured.cpu[name] += (sum(cpu_ns(p.popen.pid) for p in group)
@@ -431,16 +516,28 @@ class Command(BaseCommand):
         return samples
 
     def print_table(self, rows) -> None:
-        """One table: (first column, measurement, samples or a single value, note) rows."""
+        """One table of (first column, measurement, samples or a single value, note[, the
+        load average at the start and end of its part]) rows, with the machine's load
+        average at the benchmark's start and end, and a warning when it was above 1.0 at
+        the start."""
         database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
         broker = settings.CELERY_BROKER_URL.split(":", 1)[0]
-        self.stdout.write(f"\nawaken-site benchmarks: {os.cpu_count()} cores, {database}, "
-                          f"broker {broker}, Redis pub/sub channel layer; times in ms\n")
-        width = max(len(name) for _, name, _, _ in rows) + 2
-        header = f"{'':>7}  {'measurement':<{width}}{'n':>6}{'p50':>10}{'p95':>9}{'p99':>9}  note"
+        start = self.load
+        self.stdout.write(f"\nawaken-site benchmarks: {os.cpu_count()} CPUs, {database}, "
+                          f"broker {broker}, Redis pub/sub channel layer; times in ms")
+        self.stdout.write(f"load average (1 min): {start:.2f} at the start, "
+                          f"{load_average():.2f} at the end, on {os.cpu_count()} CPUs")
+        if start > 1.0:
+            self.stdout.write("warning: the machine was loaded when the benchmark started: "
+                              "these figures are no verdict; rerun on a quiet machine")
+        self.stdout.write("")
+        rows = [row if len(row) == 5 else (*row, "") for row in rows]
+        width = max(len(name) for _, name, _, _, _ in rows) + 2
+        header = (f"{'':>7}  {'measurement':<{width}}{'n':>6}{'p50':>10}{'p95':>9}{'p99':>9}"
+                  f"  {'load':<11}  note")
         self.stdout.write(header)
         self.stdout.write("-" * len(header))
-        for key, name, samples, note in rows:
+        for key, name, samples, note, load in rows:
             if isinstance(samples, list):
                 p50, p95, p99 = percentiles(samples)
                 figures = f"{len(samples):>6}{p50:>10.2f}{p95:>9.2f}{p99:>9.2f}"
@@ -448,7 +545,7 @@ class Command(BaseCommand):
                 figures = f"{'':>6}{samples:>9.2f}x{'':>18}"
             else:
                 figures = f"{'':>6}{samples:>10.1f}{'':>18}"
-            self.stdout.write(f"{key!s:>7}  {name:<{width}}{figures}  {note}")
+            self.stdout.write(f"{key!s:>7}  {name:<{width}}{figures}  {load:<11}  {note}")
 
     # --- a streaming model call ------------------------------------------------------------
 
@@ -534,68 +631,80 @@ class Command(BaseCommand):
     # --- throughput, list latency, memory ----------------------------------------------------
 
     def lifecycle(self, total: int, workers: int, rounds: int = 1, no_baseline: bool = False,
-                  poll: float = 0.005) -> list:
-        """Runs created over HTTP by 8 callers and completed by ``workers`` worker processes:
-        create -> claim -> one step -> completed, per second, first request to last end.
-        Measured one run per request, then in batches of 50 (POST /api/runs/batch/); then,
-        in the same conditions, the Celery + database baseline (``celery_baseline``), and
-        the ratios of ours to it. ``rounds`` repeats the three, interleaved."""
+                  every: float = 0.25, webs: int = 1) -> list:
+        """Lifecycles per second, by one protocol for both sides: 8 callers send ``total``
+        creates without waiting for any (``KeptConnection``, spread over ``webs`` web
+        processes), ``workers`` worker processes complete them (create -> claim -> one step
+        -> completed), and this process counts the completed in the runs table every
+        ``every`` seconds, from the first request to the count of the last. Measured one
+        run per request, then in batches of 50 (POST /api/runs/batch/); then the Celery +
+        database baseline (``BaselineSystem``), driven the same way; and the ratios of ours
+        to it. ``rounds`` repeats the three, interleaved. Each row has the CPU per
+        lifecycle of the system (web, workers, this database's PostgreSQL backends) apart
+        from the benchmark's own (its callers and its count), and the load average at the
+        start and the end of its measurement."""
         spec = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
-
-        def singles(count):
-            client = Client(web.port, self.token)
-            return [self.create(client, spec["agent"], spec["input"]) for _ in range(count)]
-
-        def batches(count):
-            return create_in_batches(Client(web.port, self.token), spec, count, 50)
-
+        bench_user = get_user_model().objects.get(username="bench").pk
         rows, rates = [], {"singles": [], "batches": [], "baseline": []}
-        with self.system(workers=workers) as (web, started_workers), \
-                (BaselineSystem(poll) if not no_baseline else _nothing()) as baseline:
-            ours = {"web": [web.pid], "workers": [w.pid for w in started_workers],
-                    "callers": [os.getpid()]}
+        system_cpu = {"singles": [], "batches": [], "baseline": []}
+        with self.system_of(webs, workers) as (started_webs, started_workers), \
+                (BaselineSystem(workers, every) if not no_baseline else _nothing()) as baseline:
+            groups = {"web": [web.pid for web in started_webs],
+                      "workers": [w.pid for w in started_workers]}
+            ports = [started_webs[caller % webs].port for caller in range(CALLERS)]
+            where = (f"{webs} web processes, " if webs > 1 else "") + f"{workers} workers"
             for round_ in range(1, rounds + 1):
                 key = f"{workers} wkr" if rounds == 1 else f"r{round_}"
-                for how, make, name in (("one run per request", singles, "singles"),
-                                        ("batches of 50", batches, "batches")):
-                    created: list[str] = []
-                    cpu = CpuMeter(ours)
-                    started = time.monotonic()
-                    with ThreadPoolExecutor(8) as pool:
-                        for ids in pool.map(make, [total // 8] * 8):
-                            created += ids
-                    # Polled gently: the check of thousands of runs is load of its own.
-                    wait_until(lambda created=created: Run.objects.filter(
-                        pk__in=created, state=RunState.ENDED).count() == len(created), 600,
-                        "every run to complete", every=0.25)
+                for how, size, name in (("one run per request", 1, "singles"),
+                                        ("batches of 50", 50, "batches")):
+                    load, cpu = load_average(), CpuMeter(groups)
+                    since, started = timezone.now(), time.monotonic()
+                    with ThreadPoolExecutor(CALLERS) as pool:
+                        sent = sum(pool.map(lambda port, size=size: send_creates(
+                            port, self.token, spec, total // CALLERS, size), ports))
+                    wait_until(lambda since=since, sent=sent: runs_ended_since(
+                        bench_user, since)[0] >= sent, 600, "every run to end", every=every)
                     elapsed = time.monotonic() - started
-                    spent = cpu.per(len(created))
-                    completed = Run.objects.filter(pk__in=created, end_cause="completed").count()
-                    rates[name].append(len(created) / elapsed)
+                    spent = cpu.per(sent)
+                    completed = runs_ended_since(bench_user, since)[1]
+                    rates[name].append(sent / elapsed)
                     rows.append((key, f"lifecycles per second, {how}", rates[name][-1],
-                                 f"{completed} of {len(created)} completed in {elapsed:.1f} s"))
-                    rows.append((key, f"CPU ms per lifecycle, {how}", spent.pop("total"),
-                                 ", ".join(f"{k} {v:.2f}" for k, v in spent.items())))
+                                 f"{completed} of {sent} completed in {elapsed:.1f} s, "
+                                 f"{where}; {load_span(load)}"))
+                    rows += cpu_rows(key, "lifecycle", how, spent)
+                    system_cpu[name].append(rows[-2][2])
                 if baseline is not None:
-                    cpu = CpuMeter({"worker": [baseline.worker.pid], "callers": [os.getpid()]})
+                    load = load_average()
+                    cpu = CpuMeter({"workers": [baseline.worker.pid]})
                     done, elapsed = baseline.run(total)
                     spent = cpu.per(done)
                     rates["baseline"].append(done / elapsed)
                     rows.append((key, "baseline: Celery + database, tasks per second",
                                  rates["baseline"][-1],
-                                 f"{done} in {elapsed:.1f} s; {baseline.note}"))
-                    rows.append((key, "baseline: CPU ms per task", spent.pop("total"),
-                                 ", ".join(f"{k} {v:.2f}" for k, v in spent.items())))
+                                 f"{done} in {elapsed:.1f} s; {baseline.note}; "
+                                 f"{load_span(load)}"))
+                    rows += cpu_rows(key, "task", "baseline", spent)
+                    system_cpu["baseline"].append(rows[-2][2])
         if rates["baseline"]:
             base = statistics.median(rates["baseline"])
-            for name, how, goal in (("singles", "one run per request", 1.0),
-                                    ("batches", "batches of 50", 2.0)):
+            protocol = (f"protocol: {CALLERS} callers each side send without waiting, the "
+                        f"completed counted in each side's table every {every * 1000:g} ms "
+                        f"(ours runs, Celery's celery_taskmeta); {where} (threads) against "
+                        f"prefork -c {workers}")
+            for name, how, goal in (("singles", "one run per request", 0.5),
+                                    ("batches", "batches of 50", 1.0)):
                 ratio = statistics.median(rates[name]) / base
                 spread = ("" if rounds == 1 else " (rounds: " + ", ".join(
                     f"{ours / theirs:.2f}" for ours, theirs
                     in zip(rates[name], rates["baseline"], strict=True)) + ")")
                 rows.append((f"{workers} wkr", f"ratio to the baseline, {how}", Ratio(ratio),
-                             f"goal >= {goal:.1f}x{spread}"))
+                             f"goal >= {goal:.1f}x{spread}; {protocol}"))
+                # What a loaded machine disturbs least: the system's CPU for the same work.
+                cpu_ratio = (statistics.median(system_cpu["baseline"])
+                             / statistics.median(system_cpu[name]))
+                rows.append((f"{workers} wkr", f"baseline's system CPU / ours, {how}",
+                             Ratio(cpu_ratio), "above 1.0x ours costs less CPU per lifecycle "
+                                               "than the baseline per task"))
         return rows
 
     def list_latency(self, target: int, requests: int = 300) -> list:
@@ -690,13 +799,15 @@ class Command(BaseCommand):
         return [(f"{attempts} at", "memory per live attempt (KiB)", per_attempt,
                  f"worker RSS {base / 1024:.0f} -> {loaded / 1024:.0f} MiB")]
 
-    def spread(self, live: int, workers: int, cancels: int, batch: int, ended: int) -> list:
+    def spread(self, live: int, workers: int, cancels: int, batch: int, ended: int,
+               webs: int = 1) -> list:
         """``live`` hung attempts shared by ``workers`` worker processes (created in batches of
         500 over HTTP; each process takes up to a fifth more than its share), then, while they
         stay live and their leases are renewed: the database's cost of a lease interval (the
         real renewals, then the same calls and the sweeper in this process), each worker's
-        resident memory, and REST cancels of hung runs, which land on any of them.
-        ``ended``: ended runs in the database, inserted in bulk if fewer."""
+        resident memory, and REST cancels of hung runs, which land on any of them, sent to
+        each of ``webs`` web processes in turn. ``ended``: ended runs in the database,
+        inserted in bulk if fewer."""
         missing = ended - Run.objects.filter(state=RunState.ENDED).count()
         if missing > 0:
             self.stdout.write(f"inserting {missing} ended runs for the spread benchmark...")
@@ -706,7 +817,8 @@ class Command(BaseCommand):
         share = -(-live // workers)
         spec = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 86400}}
         env = {"AWAKEN_WORKER_CAPACITY": str(share + max(batch, share // 5))}
-        with self.system(workers=workers, extra_env=env) as (web, started):
+        with self.system_of(webs, workers, extra_env=env) as (served, started):
+            web = served[0]
             client = Client(web.port, self.token)
             background: list[str] = []
             begun = time.monotonic()
@@ -727,12 +839,14 @@ class Command(BaseCommand):
                          for worker, mib in zip(started, rss, strict=True)))]
             rows.append(self.renewal_cost(key, workers, history))
             rows += lease_passes(key, list(held), history)
-            client = Client(web.port, self.token)  # the first one's idle connection is closed
-            measured = self.cancel_samples(client, cancels, batch, cpu_of={
-                "web process": [web], f"{workers} worker processes": started})
+            # New connections: the first one's idle connection is closed.
+            clients = [Client(each.port, self.token) for each in served]
+            measured = self.cancel_samples(clients, cancels, batch, cpu_of={
+                "web process" if webs == 1 else f"{webs} web processes": served,
+                f"{workers} worker processes": started})
             took = dict(Attempt.objects.filter(run_id__in=measured.runs)
                         .values_list("owner").annotate(n=Count("pk")))
-            rows += measured.rows(key, note=f"{workers} workers; cancelled on each: "
+            rows += measured.rows(key, note=f"{webs} web, {workers} workers; cancelled on each: "
                                   + "/".join(str(took.get(owner_of.get(worker), 0))
                                              for worker in started))
         return rows
@@ -866,7 +980,9 @@ class Command(BaseCommand):
         return f"{database}, broker {settings.CELERY_BROKER_URL.split(':', 1)[0]}"
 
     def print_hostile(self, what: str, report) -> None:
-        self.stdout.write(f"\nawaken-site under hostile input: {what}; {os.cpu_count()} cores\n")
+        self.stdout.write(f"\nawaken-site under hostile input: {what}; {os.cpu_count()} CPUs, "
+                          f"load average (1 min) {self.load:.2f} at the start, "
+                          f"{load_average():.2f} at the end\n")
         for line in hostile.table(report):
             self.stdout.write(line)
 
@@ -981,9 +1097,11 @@ def cpu_ns(pid: int) -> int:
     return total
 class CpuMeter:
     """CPU time (user + system) spent from now on by groups of processes, each with its
-    descendants (a prefork worker's children), and by this database's PostgreSQL backends:
-    a figure that a loaded machine disturbs far less than throughput. Processes that exit
-    meanwhile take their CPU with them, so it is a floor."""
+    descendants (a prefork worker's children), by this database's PostgreSQL backends, and,
+    apart, by the benchmark's own process and its database backend (``client``; without
+    its descendants, which are the system it measures): a figure that a loaded machine
+    disturbs far less than throughput. Processes that exit meanwhile take their CPU with
+    them, so it is a floor."""
 
     TICK = os.sysconf("SC_CLK_TCK")
 
@@ -994,10 +1112,15 @@ class CpuMeter:
     def read(self) -> dict[str, dict[int, float]]:
         figures = {name: {pid: self.cpu(pid) for root in roots for pid in self.tree(root)}
                    for name, roots in self.groups.items()}
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = "
-                           "current_database() AND pid <> pg_backend_pid()")
-            figures["PostgreSQL"] = {pid: self.cpu(pid) for (pid,) in cursor.fetchall()}
+        backends = []
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pid, pid = pg_backend_pid() FROM pg_stat_activity "
+                               "WHERE datname = current_database()")
+                backends = cursor.fetchall()
+        figures["PostgreSQL"] = {pid: self.cpu(pid) for pid, own in backends if not own}
+        figures["client"] = {pid: self.cpu(pid) for pid, own in backends if own}
+        figures["client"][os.getpid()] = self.cpu(os.getpid())
         return figures
 
     def per(self, count: int) -> dict[str, float]:
@@ -1041,49 +1164,95 @@ def _nothing():
     yield None
 
 
+CALLERS = 8  # the lifecycle benchmark's callers, on each side
+
+
+def send_creates(port: int, token: str, spec: dict, count: int, size: int) -> int:
+    """One caller of the lifecycle benchmark: ``count`` runs of ``spec`` created over one
+    kept connection, one per request (``size`` 1: POST /api/runs/) or ``size`` a request
+    (POST /api/runs/batch/), each sent once the last is answered, none waited for beyond
+    its 201; the number created."""
+    client = KeptConnection(port, token)
+    requests = {}
+
+    def request(n: int) -> bytes:
+        if n not in requests:
+            requests[n] = (client.request("POST", "/api/runs/", json.dumps(spec).encode())
+                           if size == 1 else client.request(
+                               "POST", "/api/runs/batch/",
+                               json.dumps({"runs": [spec] * n}).encode()))
+        return requests[n]
+
+    made = 0
+    try:
+        while made < count:
+            n = min(size, count - made)
+            status = client.send(request(n))
+            if status != 201:
+                raise CommandError(f"a create answered {status}")
+            made += n
+    finally:
+        client.close()
+    return made
+
+
+def runs_ended_since(user_id: int, since) -> tuple[int, int]:
+    """Runs created by ``user_id`` since ``since`` that have ended, and those of them
+    completed: one count of the runs table through its index by creation time."""
+    table = connection.ops.quote_name(Run._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*), count(*) FILTER (WHERE end_cause = %s) FROM {table} "
+                       "WHERE created_by_id = %s AND created_at >= %s AND state = %s",
+                       ["completed", user_id, since, RunState.ENDED])
+        return cursor.fetchone()
+
+
+def cpu_rows(key: str, unit: str, how: str, spent: dict) -> list:
+    """The CPU rows of a throughput measurement: the system's (every group but the
+    benchmark's client, and PostgreSQL) and the client's, ms per ``unit``."""
+    client = spent.pop("client")
+    total = spent.pop("total") - client
+    return [(key, f"system CPU ms per {unit}, {how}", total,
+             ", ".join(f"{name} {ms:.2f}" for name, ms in spent.items())),
+            (key, f"bench client CPU ms per {unit}, {how}", client,
+             f"{CALLERS} callers and the count: this process alone and its database "
+             "backend")]
+
+
 class BaselineSystem:
-    """The Celery + database baseline of the lifecycle benchmark (``harness.celery_db``):
-    a prefork worker with 4 processes and 8 callers, each sending the trivial task with
-    ``delay()`` and waiting for its result (polled in the result table every ``poll``
-    seconds). Broker: the project's own (Redis here), on a queue of its own; results:
-    Celery's SQLAlchemy backend on the project's PostgreSQL, in tables of its own, emptied
-    before the worker starts; the callers' connections pooled."""
+    """The Celery + database baseline of the lifecycle benchmark (``harness.celery_db``),
+    driven as our side is: a prefork worker with as many processes as ours has workers,
+    and 8 callers, each sending the trivial task with ``apply_async()`` and waiting for
+    nothing; completion counted in Celery's result table (``celery_taskmeta``, tasks in
+    SUCCESS) every ``every`` seconds. Broker: the project's own (Redis here), on a queue of
+    its own; results: Celery's SQLAlchemy backend on the project's PostgreSQL, in tables of
+    its own, emptied before each measurement."""
 
-    CALLERS, PROCESSES = 8, 4
-
-    def __init__(self, poll: float):
-        self.poll = poll
+    def __init__(self, processes: int, every: float):
+        self.processes, self.every = processes, every
         self.queue = f"awaken-baseline-{uuid.uuid4().hex[:8]}"
         self.backend = celery_db.backend_url(database_url())
         self.broker = settings.CELERY_BROKER_URL
         broker = self.broker.split(":", 1)[0]
-        self.note = (f"prefork -c {self.PROCESSES}, {self.CALLERS} callers, broker {broker} "
-                     f"(the same as ours), task_track_started, results in PostgreSQL "
-                     f"(SQLAlchemy backend), polled every {poll * 1000:g} ms")
+        self.note = (f"prefork -c {processes}, {CALLERS} callers sending without waiting, "
+                     f"broker {broker} (the same as ours), task_track_started, results in "
+                     f"PostgreSQL (SQLAlchemy backend), SUCCESS rows counted")
 
     def __enter__(self):
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT to_regclass('celery_taskmeta') IS NOT NULL")
-            if cursor.fetchone()[0]:
-                cursor.execute("TRUNCATE celery_taskmeta")
         self.app = celery_db.make_app(self.broker, self.backend, self.queue)
-        # The callers keep their database connections in a pool, as they would in a web
-        # server's (forked) process: outside a fork, Celery's backend opens a new connection
-        # for each poll, which would make the baseline a strawman.
-        self.app.backend.session_manager.forked = True
         node = f"{self.queue}@{socket.gethostname()}"
         env = environment({"AWAKEN_BASELINE_BROKER": self.broker,
                            "AWAKEN_BASELINE_BACKEND": self.backend,
                            "AWAKEN_BASELINE_QUEUE": self.queue})
         self.worker = Process(
             [sys.executable, "-m", "celery", "-A", "harness.celery_db", "worker",
-             "--pool", "prefork", "--concurrency", str(self.PROCESSES), "-n", node,
+             "--pool", "prefork", "--concurrency", str(self.processes), "-n", node,
              "-Q", self.queue, "--without-mingle", "--without-gossip", "--loglevel", "WARNING"],
             name=self.queue, env=env)
         try:
             wait_until(lambda: bool(self.app.control.ping(destination=[node], timeout=0.5)),
                        90, "the baseline worker to answer")
-            self.run(4 * self.CALLERS)  # warm-up: the result table, connections, children
+            self.run(4 * CALLERS)  # warm-up: the result table, connections, children
         except BaseException:
             self.worker.stop()
             raise
@@ -1092,20 +1261,39 @@ class BaselineSystem:
     def __exit__(self, *exc_info):
         self.worker.stop()
 
+    def counts(self) -> tuple[int, int]:
+        """Tasks in the result table in SUCCESS, and in FAILURE."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FILTER (WHERE status = 'SUCCESS'), "
+                           "count(*) FILTER (WHERE status = 'FAILURE') FROM celery_taskmeta")
+            return cursor.fetchone()
+
     def run(self, total: int) -> tuple[int, float]:
-        """``total`` tasks through 8 callers: (tasks done, seconds)."""
+        """``total`` tasks sent by 8 callers without waiting: (tasks done, seconds from the
+        first send to the count of the last success)."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT to_regclass('celery_taskmeta') IS NOT NULL")
+            if cursor.fetchone()[0]:
+                cursor.execute("DELETE FROM celery_taskmeta")
         trivial = self.app.tasks["baseline.trivial"]
 
         def caller(count):
             for number in range(count):
-                if trivial.delay(number).get(timeout=60, interval=self.poll) != number + 1:
-                    raise CommandError("the baseline task returned a wrong result")
+                trivial.apply_async((number,))
             return count
 
         started = time.monotonic()
-        with ThreadPoolExecutor(self.CALLERS) as pool:
-            done = sum(pool.map(caller, [total // self.CALLERS] * self.CALLERS))
-        return done, time.monotonic() - started
+        with ThreadPoolExecutor(CALLERS) as pool:
+            sent = sum(pool.map(caller, [total // CALLERS] * CALLERS))
+
+        def done():
+            succeeded, failed = self.counts()
+            if failed:
+                raise CommandError(f"{failed} baseline tasks failed")
+            return succeeded >= sent
+
+        wait_until(done, 600, "every baseline task to succeed", every=self.every)
+        return sent, time.monotonic() - started
 
 
 def bulk_history(count: int, chunk: int = 100_000) -> None:
