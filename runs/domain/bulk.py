@@ -27,7 +27,7 @@ from runs.domain import outside, webhooks
 from runs.domain.core import after_commit
 from runs.domain.errors import BulkJobNotFound, InvalidRequest, ServiceError
 from runs.domain.representation import bulk_data
-from runs.domain.runs import _clean_reason, run_cancel, run_resume, run_stop
+from runs.domain.runs import clean_reason, run_cancel, run_resume, run_stop
 from runs.domain.selectors import matching
 from runs.domain.text import quoted_id
 from runs.models import (
@@ -88,7 +88,7 @@ def bulk_create(*, action: str, reason: str | None = None, ids: list | None = No
     once it commits. A stop needs a reason; an empty selection is refused."""
     if action not in BulkAction.values:
         raise InvalidRequest(f"Unknown action {action!r}.", field="action")
-    reason = _clean_reason(reason)
+    reason = clean_reason(reason)
     if action == BulkAction.STOP and not reason:
         raise InvalidRequest("A stop needs a reason.", field="reason")
     selected = bulk_selection(ids=ids, criteria=criteria)

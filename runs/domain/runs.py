@@ -255,7 +255,7 @@ class ControlResult:
 
 def run_cancel(*, run_id, actor: str, source: str, reason: str | None = None) -> ControlResult:
     """Cancel a run: an external request to end its work."""
-    return _request_end(run_id=run_id, action=ControlAction.CANCEL, reason=_clean_reason(reason),
+    return _request_end(run_id=run_id, action=ControlAction.CANCEL, reason=clean_reason(reason),
                         stop_code=None, actor=actor, source=source)
 
 
@@ -263,7 +263,7 @@ def run_stop(
     *, run_id, actor: str, source: str, reason: str, code: str = StopCode.OPERATOR
 ) -> ControlResult:
     """Stop a run: a host decision (an operator's halt or a policy), with a reason."""
-    reason = _clean_reason(reason)
+    reason = clean_reason(reason)
     if not reason:
         raise InvalidRequest("A stop needs a reason.", field="reason")
     if code not in StopCode.values:
@@ -272,7 +272,8 @@ def run_stop(
                         stop_code=code, actor=actor, source=source)
 
 
-def _clean_reason(reason: str | None) -> str | None:
+def clean_reason(reason: str | None) -> str | None:
+    """A control's reason as it is recorded: stripped, None when empty, refused when long."""
     reason = (reason or "").strip() or None
     if reason is not None and len(reason) > MAX_REASON_LENGTH:
         raise InvalidRequest(f"The reason is longer than {MAX_REASON_LENGTH} characters.",
@@ -353,7 +354,7 @@ def ticket_revoke(*, ticket_id, actor: str, source: str,
     NotAwaiting when the ticket is no longer open (consumed, revoked, or its run ended).
     """
     ticket = ticket_get(ticket_id)
-    reason = _clean_reason(reason) or f"Resume ticket {short_id(ticket.pk)} revoked."
+    reason = clean_reason(reason) or f"Resume ticket {short_id(ticket.pk)} revoked."
     with transaction.atomic():
         run = locked_run(ticket.run_id)
         if run.state != RunState.AWAITING or str(run.ticket_id) != str(ticket.pk):
