@@ -48,7 +48,10 @@ async def resume_works(communicator, last_seq: int) -> None:
 
 
 @pytest.mark.parametrize("role", ["viewer", "operator"])
-def test_random_and_malformed_frames_never_break_a_socket(role, capsys):
+def test_random_and_malformed_frames_never_break_a_socket(role, capsys, monkeypatch):
+    # Each resume here must replay, however soon after the last one (the coalescing of
+    # resumes has its own tests, in tests/test_consumers.py).
+    monkeypatch.setattr("runs.sockets.consumers.RESUME_COALESCE_SECONDS", 0)
     rng = random.Random(f"{SEED}-{role}")
     run = queued_run()
     domain.run_cancel(run_id=run.id, actor="fuzz", source="api")
