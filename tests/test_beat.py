@@ -28,5 +28,5 @@ def test_beat_starts_without_a_var_directory_and_sweeps_itself(tmp_path):
                    timeout=60, what="beat to sweep twice", every=0.1)
         assert beat.running(), beat.output()
         assert "sweeping every 1 s in beat's process" in beat.log()
-        assert "Sending due task" not in beat.log()  # no task for a worker to run
+        assert "runs.sweep" not in beat.log()  # no sweep task for a worker to run
     assert not var.exists()  # it wrote nothing there either
