@@ -63,9 +63,15 @@ def test_openai_agents():
 
 
 def test_langgraph():
-    from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, writes_sort_key
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        CheckpointTuple,
+        writes_sort_key,
+    )
     from langgraph.graph import START
     from langgraph.pregel import Pregel
+    from langgraph.types import Command, Interrupt, StateSnapshot, interrupt
 
     from runs.agents.langgraph import START_NODE
 
@@ -76,6 +82,11 @@ def test_langgraph():
     assert CheckpointTuple._fields[:5] == ("config", "checkpoint", "metadata", "parent_config",
                                            "pending_writes")
     assert writes_sort_key("p", "t", 1) == ("p", "t", 1)
+    # interrupt() and its resume (runs.agents.langgraph.approval and the wrapper's _decide)
+    assert set(WRITES_IDX_MAP) >= {"__interrupt__", "__resume__"}
+    assert all(index < 0 for index in WRITES_IDX_MAP.values())
+    assert "interrupts" in StateSnapshot._fields and {"id", "value"} <= set(dir(Interrupt))
+    assert "resume" in parameters(Command) and "value" in parameters(interrupt)
 
 
 @pytest.mark.parametrize("package, pinned", [("pydantic-ai-slim", "2.68.0"),

@@ -267,9 +267,10 @@ def awaiting(run_id, timeout=20) -> Run:
         Run.objects.select_related("ticket").get(pk=run_id)), timeout, "the run to await")
 
 
-@pytest.mark.parametrize("framework", ["pydantic_ai", "openai_agents"])
-@pytest.mark.parametrize("decision", [{"approved": True},
-                                      {"approved": False, "reason": "not today"}])
+@pytest.mark.parametrize("framework, decision", [
+    *((framework, decision) for framework in FRAMEWORKS
+      for decision in ({"approved": True}, {"approved": False, "reason": "not today"})),
+    ("langgraph", {"approved": True, "arguments": {"to": "ann@example.com", "body": "hi"}})])
 def test_a_tool_that_needs_approval_waits_for_its_ticket_and_runs_only_approved(
         framework, decision, agents, executor, stub_server):
     run = start(executor, f"{framework}.approval", {"prompt": "bob@example.com"})
@@ -282,7 +283,10 @@ def test_a_tool_that_needs_approval_waits_for_its_ticket_and_runs_only_approved(
     assert executor.start([run.id]) == 1
     done = ended(run.id)
     assert done.end_cause == "completed", done.error
-    if decision["approved"]:
+    if "arguments" in decision:  # exactly the edited ones run
+        assert done.output["sent"] == [{"to": "ann@example.com", "body": "hi"}]
+        assert "sent to ann@example.com" in done.output["text"]
+    elif decision["approved"]:
         assert done.output["sent"] == [{"to": "bob@example.com", "body": "bob@example.com"}]
         assert "sent to bob@example.com" in done.output["text"]
     else:

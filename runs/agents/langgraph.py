@@ -37,9 +37,10 @@ controlled: its connection is not ours to close.
 """
 
 import base64
+import dataclasses
 from contextvars import ContextVar
 
-from runs.agents import Agent, Context, demo_agents_enabled, register
+from runs.agents import Agent, Context, Decision, demo_agents_enabled, register
 
 STATE_KEY = "langgraph"
 START_NODE = "__start__"  # langgraph.constants.START
@@ -64,6 +65,17 @@ async def chat(messages, **options):
 async def tool(fn, /, *args, **kwargs):
     """A tool call from a node: ``Context.tool`` (the host's fence; abandoned on a cancel)."""
     return await _ctx().tool(fn, *args, **kwargs)
+
+
+def approval(tool: str, arguments: dict, *, rationale: str | None = None) -> Decision:
+    """In a node: a person's decision on one call of ``tool`` with ``arguments``, asked
+    with LangGraph's ``interrupt()``; the wrapper makes it our approval ticket bound to the
+    call, the run awaits, and the node runs again with the decision. Call it before the
+    node's other work (LangGraph runs an interrupted node again from its start)."""
+    from langgraph.types import interrupt
+
+    return Decision(**interrupt({"tool": tool, "arguments": arguments,
+                                 "rationale": rationale}))
 
 
 def inbox() -> list:
@@ -111,6 +123,8 @@ class LangGraphAgent(Agent):
         return state
 
     async def run(self, ctx: Context):
+        from langgraph.types import Command
+
         state = ctx.state.get(STATE_KEY) or {}
         if "output" in state:
             return state["output"]
@@ -118,33 +132,86 @@ class LangGraphAgent(Agent):
         compiled = self.graph.compile(checkpointer=saver)
         config = {"configurable": {"thread_id": str(ctx.run_id)}}
         CONTEXT.set(ctx)
-        fresh = saver.latest is None
-        stream = compiled.astream(self.graph_input(ctx.input) if fresh else None, config,
-                                  stream_mode="checkpoints", durability="sync")
-        events = aiter(stream)
-        if fresh:
-            # The input's checkpoints (the input, then LangGraph's __start__ writing it):
-            # no node of the graph has run.
-            event = await ctx.race(anext(events))
-            while START_NODE in event["next"]:
+        given = self.graph_input(ctx.input) if saver.latest is None else None
+        while True:
+            if saver.latest is not None:
+                snapshot = await compiled.aget_state(config)
+                if snapshot.interrupts:  # decided (or the run pauses here for it)
+                    given = Command(resume=await self._decide(ctx, saver,
+                                                              snapshot.interrupts))
+                elif not snapshot.next:
+                    return self._finish(ctx, saver, snapshot.values)
+            events = aiter(compiled.astream(given, config, stream_mode="checkpoints",
+                                            durability="sync"))
+            seen = saver.latest["id"] if saver.latest else None
+            if saver.latest is None:
+                # The input's checkpoints (the input, then LangGraph's __start__ writing
+                # it): no node of the graph has run.
                 event = await ctx.race(anext(events))
-            pending, values = event["next"], event["values"]
-        else:
-            snapshot = await compiled.aget_state(config)
-            pending, values = snapshot.next, snapshot.values
-        while pending:
-            async with ctx.step():
-                event = await ctx.race(anext(events))  # one super-step, checkpointed
-                pending, values = event["next"], event["values"]
-                ctx.state[STATE_KEY] = {"checkpoint": saver.latest,
-                                        **({} if pending else {"output": self.output(values)})}
-        if "output" not in ctx.state.get(STATE_KEY, {}):
-            ctx.state[STATE_KEY] = {"checkpoint": saver.latest, "output": self.output(values)}
+                while START_NODE in event["next"]:
+                    event = await ctx.race(anext(events))
+                seen = event["config"]["configurable"]["checkpoint_id"]
+                if not event["next"]:
+                    return self._finish(ctx, saver, event["values"])
+            while True:
+                async with ctx.step():
+                    # One super-step, checkpointed; None: it stopped at an interrupt(),
+                    # whose pending writes commit with this step.
+                    event = await ctx.race(_next_checkpoint(events, seen))
+                    ctx.state[STATE_KEY] = {"checkpoint": saver.latest}
+                if event is None:
+                    break
+                seen = event["config"]["configurable"]["checkpoint_id"]
+                if not event["next"]:
+                    return self._finish(ctx, saver, event["values"])
+            if not (await compiled.aget_state(config)).interrupts:
+                raise RuntimeError("The graph stopped before its end without an interrupt.")
+            given = None
+
+    def _finish(self, ctx: Context, saver, values):
+        ctx.state[STATE_KEY] = {"checkpoint": saver.latest, "output": self.output(values)}
         return ctx.state[STATE_KEY]["output"]
+
+    @staticmethod
+    async def _decide(ctx: Context, saver, interrupts) -> dict:
+        """The resume values of the graph's pending interrupts, by interrupt id. An
+        ``interrupt({"tool", "arguments", "rationale"?})`` (``approval``) is our approval
+        ticket bound to that call (``Context.approval``: the run awaits the decision), and
+        its node gets the decision as a dict (``Decision``'s fields). Each decision is kept
+        in the run's state at once, so a pause for the next does not ask it again."""
+        decided = dict((ctx.state.get(STATE_KEY) or {}).get("decided") or {})
+        for pending in interrupts:
+            if pending.id in decided:
+                continue
+            value = pending.value
+            if not (isinstance(value, dict) and isinstance(value.get("tool"), str)
+                    and isinstance(value.get("arguments"), dict)):
+                raise RuntimeError("An interrupt() of a wrapped graph asks for the approval of "
+                                   "one tool call: interrupt({'tool': name, 'arguments': "
+                                   "{...}}), as runs.agents.langgraph.approval makes it.")
+            decision = await ctx.approval(value["tool"], value["arguments"],
+                                          rationale=value.get("rationale"))
+            decided[pending.id] = dataclasses.asdict(decision)
+            ctx.state[STATE_KEY] = {"checkpoint": saver.latest, "decided": decided}
+        return decided
+
+
+async def _next_checkpoint(events, seen):
+    """The next checkpoint of the stream other than ``seen`` (a resumed stream gives the
+    checkpoint it starts from first), or None when the stream ends without one."""
+    async for event in events:
+        if event["config"]["configurable"]["checkpoint_id"] != seen:
+            return event
+    return None
 
 
 def _saver_class():
-    from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, writes_sort_key
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        CheckpointTuple,
+        writes_sort_key,
+    )
 
     class Saver(BaseCheckpointSaver):
         """A checkpointer over the run's committed state: it keeps the latest checkpoint
@@ -199,9 +266,17 @@ def _saver_class():
         async def aput_writes(self, config, writes, task_id, task_path=""):
             if self.latest is None:
                 return
+            # As LangGraph's savers keep them: one write per task and index, a special
+            # channel's (an interrupt, a resume...) replaced, another's kept as first put.
+            kept = {(w[0], w[3]): n for n, w in enumerate(self.latest["writes"])}
             for index, (channel, value) in enumerate(writes):
-                self.latest["writes"].append([task_id, channel, self._typed(value), index,
-                                              task_path])
+                index = WRITES_IDX_MAP.get(channel, index)
+                write = [task_id, channel, self._typed(value), index, task_path]
+                if (task_id, index) not in kept:
+                    kept[(task_id, index)] = len(self.latest["writes"])
+                    self.latest["writes"].append(write)
+                elif channel in WRITES_IDX_MAP:
+                    self.latest["writes"][kept[(task_id, index)]] = write
 
         async def adelete_thread(self, thread_id):
             self.latest = None
@@ -245,3 +320,55 @@ if demo_agents_enabled():  # the shipped agents (API.md, "Framework agents")
     wrap(_chat_graph, name="langgraph.chat",
          input=lambda input: {"prompt": input.get("prompt")},
          output=lambda state: {"text": state.get("text")})
+
+
+def send_email(to: str, body: str) -> str:
+    """Send an email (the shipped approval agent's tool: it only says it did)."""
+    return f"sent to {to}"
+
+
+def _approval_graph():
+    import json
+    import operator
+    from typing import Annotated, TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    class State(TypedDict, total=False):
+        messages: Annotated[list, operator.add]
+        sent: Annotated[list, operator.add]
+
+    async def model(state):
+        reply = await chat(state["messages"], tools=[send_email])
+        return {"messages": [reply.message]}
+
+    async def send(state):
+        results, sent = [], []
+        for call in state["messages"][-1]["tool_calls"]:
+            decision = approval("send_email", json.loads(call["function"]["arguments"]))
+            if decision.approved:
+                text = await tool(send_email, **decision.arguments)
+                sent.append({"to": decision.arguments.get("to"),
+                             "body": decision.arguments.get("body")})
+            else:
+                text = "The tool call was refused" + (f": {decision.reason}"
+                                                      if decision.reason else ".")
+            results.append({"role": "tool", "tool_call_id": call["id"], "content": text})
+        return {"messages": results, "sent": sent}
+
+    graph = StateGraph(State)
+    graph.add_node("model", model)
+    graph.add_node("send", send)
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", lambda state: "send" if state["messages"][-1]
+                                .get("tool_calls") else END)
+    graph.add_edge("send", "model")
+    return graph
+
+
+if demo_agents_enabled():  # the shipped agents (API.md, "Framework agents")
+    wrap(_approval_graph, name="langgraph.approval",
+         input=lambda input: {"messages": [{"role": "user", "content": input.get("prompt")
+                                            or ""}], "sent": []},
+         output=lambda state: {"text": state["messages"][-1].get("content"),
+                               "sent": state.get("sent") or []})
