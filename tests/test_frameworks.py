@@ -69,7 +69,7 @@ def _langgraph_agents():
 
     from langgraph.graph import END, START, StateGraph
 
-    from runs.agents.langgraph import chat, tool, wrap
+    from runs.agents.langgraph import approval, chat, tool, wrap
 
     class State(TypedDict):
         messages: Annotated[list, operator.add]
@@ -103,6 +103,26 @@ def _langgraph_agents():
 
     wrap(lambda: graph_of(lookup), name="test.lg.tools", input=given, output=text)
     wrap(lambda: graph_of(stuck), name="test.lg.stuck", input=given, output=text)
+
+    class Asked(TypedDict):
+        asked: Annotated[list, operator.add]
+
+    def asking(to):
+        def node(state):
+            decision = approval("send_email", {"to": to, "body": "hi"})
+            return {"asked": [[to, decision.approved]]}
+        return node
+
+    def two_at_once():  # two nodes of one super-step, each interrupted
+        graph = StateGraph(Asked)
+        for to in ("ann", "bob"):
+            graph.add_node(to, asking(to))
+            graph.add_edge(START, to)
+            graph.add_edge(to, END)
+        return graph
+
+    wrap(two_at_once, name="test.lg.two", input=lambda input: {"asked": []},
+         output=lambda state: sorted(state["asked"]))
     return {"chat": "langgraph.chat", "tools": "test.lg.tools", "stuck": "test.lg.stuck"}
 
 
@@ -291,3 +311,21 @@ def test_a_tool_that_needs_approval_waits_for_its_ticket_and_runs_only_approved(
         assert "sent to bob@example.com" in done.output["text"]
     else:
         assert done.output["sent"] == [] and "not today" in done.output["text"]
+
+
+def test_langgraph_interrupts_pending_at_once_are_asked_one_ticket_at_a_time(
+        agents, executor, stub_server):
+    run = start(executor, "test.lg.two", {})
+    answers = {"ann": {"approved": True}, "bob": {"approved": False, "reason": "no"}}
+    asked = []
+    for _ in answers:
+        paused = awaiting(run.id)
+        to = paused.ticket.action["arguments"]["to"]
+        asked.append(to)
+        domain.run_resume(run_id=run.id, ticket_id=paused.ticket.pk, input=answers[to],
+                          actor="olga", source="api")
+        assert executor.start([run.id]) == 1
+    done = ended(run.id)
+    assert done.end_cause == "completed", done.error
+    assert sorted(asked) == ["ann", "bob"]  # each asked once, the first not asked again
+    assert done.output == [["ann", True], ["bob", False]]

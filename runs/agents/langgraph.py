@@ -19,7 +19,8 @@ its nodes call a model themselves. Nodes call ours through ``chat`` and their to
     wrap(graph, name="shop.answer")   # input: the graph's input; output: its last state
 
 What the wrapper does, on LangGraph's public API (``BaseCheckpointSaver``, ``astream``
-with ``stream_mode="checkpoints"`` and ``durability="sync"``, ``aget_state``):
+with ``stream_mode="checkpoints"`` and ``durability="sync"``, ``aget_state``,
+``interrupt`` and ``Command``):
 
 * each checkpoint LangGraph writes (a super-step) is one of our steps, and the checkpoint
   and its pending writes are committed with it in the run's state (``RunStateSaver``); a
@@ -30,7 +31,11 @@ with ``stream_mode="checkpoints"`` and ``durability="sync"``, ``aget_state``):
   closes its connection, and nothing of the super-step in progress is committed;
 * ``chat`` is ``Context.chat`` (streamed to the run's page, tokens toward ``max_tokens``,
   an activity entry each) and ``tool`` is ``Context.tool`` (the host's fence, abandoned on
-  a cancel); ``inbox()`` gives a node the live inbox's messages.
+  a cancel); ``inbox()`` gives a node the live inbox's messages;
+* ``approval(tool, arguments)`` in a node is LangGraph's ``interrupt()``: the super-step
+  commits with the interrupt, the run awaits an approval ticket bound to the call
+  (``Context.approval``), and the resume goes on from that checkpoint with
+  ``Command(resume=...)``, the node getting the decision.
 
 A model client of another library called from a node (``langchain-openai``...) is not
 controlled: its connection is not ours to close.
