@@ -7,6 +7,8 @@ import subprocess
 import sys
 from io import StringIO
 
+import pytest
+
 from harness.management.commands.bench import Command, CpuMeter, KeptConnection
 
 SPEC = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
@@ -44,6 +46,7 @@ sys.stdin.read()
 """
 
 
+@pytest.mark.django_db  # on PostgreSQL the meter reads the server's processes too
 def test_the_cpu_meter_counts_the_benchmark_apart_from_the_processes_it_started():
     child = subprocess.Popen([sys.executable, "-c", BURN], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)

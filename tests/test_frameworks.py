@@ -138,7 +138,10 @@ def agents():
 
 
 @pytest.fixture
-def executor(stub_server, settings):
+def executor(stub_server, settings, monkeypatch):
+    # These tests start their runs on this executor by hand: a requeued run is not sent to
+    # the broker, where another test's worker would take it.
+    monkeypatch.setattr("runs.workers.dispatch.runs_queued", lambda **kwargs: None)
     settings.AWAKEN_PROVIDER_BASE_URL = stub_server.url
     settings.AWAKEN_PROVIDER_MODEL = "echo"
     settings.AWAKEN_PROVIDER_MAX_RETRIES = 0

@@ -51,9 +51,10 @@ def test_clients_that_stop_reading_are_disconnected_and_cost_a_bounded_buffer(we
     clients = [StalledClient(web.port, token) for _ in range(10)]
     peak = before
     try:
-        for _ in range(20):
+        for asked in range(20):
             for client in clients:
-                client.send_text(json.dumps({"type": "resume", "after": 0}))
+                # Each from further back than the last, so none is coalesced with it.
+                client.send_text(json.dumps({"type": "resume", "after": 19 - asked}))
 
         def all_dropped():
             nonlocal peak
