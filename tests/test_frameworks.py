@@ -293,7 +293,8 @@ def awaiting(run_id, timeout=20) -> Run:
 @pytest.mark.parametrize("framework, decision", [
     *((framework, decision) for framework in FRAMEWORKS
       for decision in ({"approved": True}, {"approved": False, "reason": "not today"})),
-    ("langgraph", {"approved": True, "arguments": {"to": "ann@example.com", "body": "hi"}})])
+    *((framework, {"approved": True, "arguments": {"to": "ann@example.com", "body": "hi"}})
+      for framework in ("pydantic_ai", "langgraph"))])
 def test_a_tool_that_needs_approval_waits_for_its_ticket_and_runs_only_approved(
         framework, decision, agents, executor, stub_server):
     run = start(executor, f"{framework}.approval", {"prompt": "bob@example.com"})

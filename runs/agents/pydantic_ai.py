@@ -198,9 +198,13 @@ if demo_agents_enabled():  # the shipped agents (API.md, "Framework agents")
     wrap(_chat_agent, name="pydantic_ai.chat")
 
 
-def send_email(to: str, body: str) -> str:
-    """Send an email (the shipped approval agent's tool: it only says it did)."""
-    return f"sent to {to}"
+def send_email(to: str, body: str):
+    """Send an email (the shipped approval agent's tool: it only says it did). What it
+    sent goes with its answer as metadata, which the model is not shown: after an edited
+    approval, the call in the history still has the arguments the model proposed."""
+    from pydantic_ai.messages import ToolReturn
+
+    return ToolReturn(return_value=f"sent to {to}", metadata={"to": to, "body": body})
 
 
 def _approval_agent():
@@ -224,7 +228,8 @@ def _sent(value, messages=()):
             for part in message.parts:
                 if (isinstance(part, ToolReturnPart) and part.tool_name == "send_email"
                         and str(part.content).startswith("sent to")):
-                    arguments = calls[part.tool_call_id].args_as_dict()
+                    arguments = (part.metadata if isinstance(part.metadata, dict)
+                                 else calls[part.tool_call_id].args_as_dict())
                     sent.append({"to": arguments.get("to"), "body": arguments.get("body")})
     return {"text": value if isinstance(value, str) else str(value), "sent": sent}
 
