@@ -45,7 +45,8 @@ import base64
 import dataclasses
 from contextvars import ContextVar
 
-from runs.agents import Agent, Context, Decision, demo_agents_enabled, register
+from runs.agents import Context, Decision, demo_agents_enabled
+from runs.agents.wrapping import FrameworkAgent, wrapped
 
 STATE_KEY = "langgraph"
 START_NODE = "__start__"  # langgraph.constants.START
@@ -93,31 +94,14 @@ def wrap(graph, *, name: str, input=None, output=None) -> type:
     agent ``name``. ``input(run_input) -> graph input`` (default: the run's input as is);
     ``output(last_state) -> JSON`` (default: the last state)."""
 
-    class Wrapped(LangGraphAgent):
-        pass
-
-    made = hasattr(graph, "compile")
-    Wrapped.name = name
-    Wrapped.made = graph if made else None
-    Wrapped.make = None if made else staticmethod(graph)
-    if input is not None:
-        Wrapped.graph_input = staticmethod(input)
-    if output is not None:
-        Wrapped.output = staticmethod(output)
-    Wrapped.__qualname__ = Wrapped.__name__ = f"LangGraph_{name.replace('.', '_')}"
-    return register(Wrapped)
+    return wrapped(LangGraphAgent, graph, name=name, ready=lambda made: hasattr(made, "compile"),
+                   prefix="LangGraph", graph_input=input, output=output)
 
 
-class LangGraphAgent(Agent):
-    made = None
-    make = None
-
+class LangGraphAgent(FrameworkAgent):
     @property
-    def graph(self):
-        cls = type(self)
-        if cls.made is None:
-            cls.made = cls.make()
-        return cls.made
+    def graph(self):  # the StateGraph
+        return self.framework_object()
 
     @staticmethod
     def graph_input(input: dict):

@@ -30,7 +30,8 @@ What the wrapper does, on the SDK's public API (``Runner.run``, ``RunConfig``,
 import time
 from datetime import UTC, datetime
 
-from runs.agents import Agent, Context, demo_agents_enabled, register
+from runs.agents import Context, demo_agents_enabled
+from runs.agents.wrapping import FrameworkAgent, wrapped
 
 STATE_KEY = "openai_agents"
 
@@ -40,32 +41,17 @@ def wrap(agent, *, name: str, prompt=None, output=None) -> type:
     when first needed) as the awaken agent ``name``; ``prompt`` and ``output`` as in
     ``runs.agents.pydantic_ai.wrap``. Returns the registered class."""
 
-    class Wrapped(OpenAIAgentsAgent):
-        pass
-
-    made = hasattr(agent, "instructions")
-    Wrapped.name = name
-    Wrapped.made = agent if made else None
-    Wrapped.make = None if made else staticmethod(agent)
-    if prompt is not None:
-        Wrapped.prompt = staticmethod(prompt)
-    if output is not None:
-        Wrapped.output = staticmethod(output)
-    Wrapped.__qualname__ = Wrapped.__name__ = f"OpenAIAgents_{name.replace('.', '_')}"
-    return register(Wrapped)
+    return wrapped(OpenAIAgentsAgent, agent, name=name,
+                   ready=lambda made: hasattr(made, "instructions"), prefix="OpenAIAgents",
+                   prompt=prompt, output=output)
 
 
-class OpenAIAgentsAgent(Agent):
-    made = None
-    make = None
+class OpenAIAgentsAgent(FrameworkAgent):
     max_turns = 20
 
     @property
-    def agent(self):
-        cls = type(self)
-        if cls.made is None:
-            cls.made = cls.make()
-        return cls.made
+    def agent(self):  # the agents.Agent
+        return self.framework_object()
 
     @staticmethod
     def prompt(input: dict) -> str:

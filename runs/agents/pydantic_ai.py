@@ -29,7 +29,8 @@ What the wrapper does, on pydantic-ai's public API (``Agent.iter``, capabilities
 import time
 from datetime import UTC, datetime
 
-from runs.agents import Agent, Context, Interrupted, demo_agents_enabled, register
+from runs.agents import Context, Interrupted, demo_agents_enabled
+from runs.agents.wrapping import FrameworkAgent, wrapped
 
 STATE_KEY = "pydantic_ai"
 
@@ -42,30 +43,14 @@ def wrap(agent, *, name: str, prompt=None, output=None) -> type:
     ``input["prompt"]``); ``output(result_output) -> JSON``: the run's output (default
     ``{"text": str(output)}``). Returns the registered class."""
 
-    class Wrapped(PydanticAIAgent):
-        pass
-
-    Wrapped.name = name
-    Wrapped.made = agent if hasattr(agent, "iter") else None
-    Wrapped.make = None if hasattr(agent, "iter") else staticmethod(agent)
-    if prompt is not None:
-        Wrapped.prompt = staticmethod(prompt)
-    if output is not None:
-        Wrapped.output = staticmethod(output)
-    Wrapped.__qualname__ = Wrapped.__name__ = f"PydanticAI_{name.replace('.', '_')}"
-    return register(Wrapped)
+    return wrapped(PydanticAIAgent, agent, name=name, ready=lambda made: hasattr(made, "iter"),
+                   prefix="PydanticAI", prompt=prompt, output=output)
 
 
-class PydanticAIAgent(Agent):
-    made = None  # the pydantic_ai.Agent
-    make = None  # or what makes it
-
+class PydanticAIAgent(FrameworkAgent):
     @property
-    def agent(self):
-        cls = type(self)
-        if cls.made is None:
-            cls.made = cls.make()
-        return cls.made
+    def agent(self):  # the pydantic_ai.Agent
+        return self.framework_object()
 
     @staticmethod
     def prompt(input: dict) -> str:

@@ -1,0 +1,26 @@
+"""What the framework adapters share: a framework's agent or graph registered under an
+awaken name, made once, when first needed, if it was given as a function that makes it."""
+
+from runs.agents import Agent, register
+
+
+class FrameworkAgent(Agent):
+    made = None  # the framework's agent or graph, once made
+    make = None  # or the function that makes it
+
+    @classmethod
+    def framework_object(cls):
+        if cls.made is None:
+            cls.made = cls.make()
+        return cls.made
+
+
+def wrapped(base: type, thing, *, name: str, ready, prefix: str, **hooks) -> type:
+    """Register a subclass of ``base`` as the agent ``name``: ``thing`` is the framework's
+    object if ``ready(thing)``, else what makes it; each hook given (not None) replaces the
+    base's static method of that name. Returns the registered class."""
+    made = ready(thing)
+    attributes = {"__module__": base.__module__, "name": name,
+                  "made": thing if made else None, "make": None if made else staticmethod(thing),
+                  **{key: staticmethod(hook) for key, hook in hooks.items() if hook is not None}}
+    return register(type(f"{prefix}_{name.replace('.', '_')}", (base,), attributes))
