@@ -34,7 +34,10 @@ function progressView(box) {
     }
   });
 
+  let following = null;  // the job the box shows, or is about to show once fetched
+
   async function draw(job) {
+    following = job.id;
     if (newer(box.firstElementChild, job)) return;
     const fresh = await rendered(job, "progress");
     if (!fresh || newer(box.firstElementChild, { ...job, version: Number(fresh.dataset.version) })) return;
@@ -44,8 +47,7 @@ function progressView(box) {
   }
 
   document.addEventListener("bulk:changed", (event) => {
-    const shown = box.firstElementChild;
-    if (shown && event.detail.id === shown.dataset.jobId) draw(event.detail).catch(() => {});
+    if (event.detail.id === following) draw(event.detail).catch(() => {});
   });
   return draw;
 }
