@@ -20,6 +20,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from importlib import import_module
 from io import StringIO
 from operator import itemgetter
 from pathlib import Path
@@ -277,6 +278,9 @@ class Command(BaseCommand):
                                  "metrics, if fewer).")
 
     def handle(self, what, **options):
+        # Some parts create demo runs in this process through the domain; the processes the
+        # benchmark starts register the demo agents themselves (harness.processes).
+        import_module("runs.agents.demo")
         self.load = load_average()
         if self.load > 1.0:
             self.stderr.write(f"warning: the machine is loaded before the benchmark starts "
