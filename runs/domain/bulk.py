@@ -216,7 +216,7 @@ def _complete(job_id) -> None:
         job.finished_at = timezone.now()
         job.version += 1
         job.save(update_fields=["state", "finished_at", "version"])
-        webhooks.enqueue(WebhookEvent.BULK_DONE, bulk_data(job))
+        webhooks.enqueue(WebhookEvent.BULK_DONE, lambda: bulk_data(job))
         after_commit(outside.changes.publish_bulk, job=job)
 
 

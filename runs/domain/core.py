@@ -17,7 +17,7 @@ from django.utils import timezone
 from runs.domain import outside, sql, webhooks
 from runs.domain.errors import RunNotFound
 from runs.domain.limits import encoded_size
-from runs.domain.receipts import Trace, count_receipt, receipt
+from runs.domain.receipts import Trace, receipt, receipt_totals
 from runs.domain.text import clipped, quoted_id, short_id
 from runs.models import (
     AppliedVia,
@@ -320,7 +320,8 @@ def finish(
         if trace is not None:
             intent.receipt = receipt(trace, intent.requested_at or now)
             written += ("receipt",)
-            count_receipt(intent.receipt)
+            if totals := receipt_totals(intent.receipt):
+                also.append(sql.Insert(totals))
         also.append(sql.Update(intent, written))
 
     run.state = RunState.ENDED

@@ -47,10 +47,11 @@ RECEIPT_TOTALS = {"receipts": lambda r: 1,
                   "tools_refused": lambda r: r["tool_calls_refused"]}
 
 
-def count_receipt(written: dict) -> None:
-    """Add ``written`` to the totals, in the transaction that writes it."""
+def receipt_totals(written: dict) -> tuple:
+    """What ``written`` adds to the totals: new ``MetricDelta`` rows (``sql.new``), for the
+    finish boundary to insert in the statement that writes the receipt."""
+    from runs.domain import sql
     from runs.models import MetricDelta
 
-    MetricDelta.objects.bulk_create(
-        [MetricDelta(name=name, key="", value=of(written))
-         for name, of in RECEIPT_TOTALS.items() if of(written)])
+    return tuple(sql.new(MetricDelta, name=name, key="", value=of(written))
+                 for name, of in RECEIPT_TOTALS.items() if of(written))

@@ -532,7 +532,7 @@ def pending_requests(runs_shown) -> dict:
 
 def worker_draining(*, owner: str) -> bool:
     """Whether an operator drained the worker process ``owner`` (it claims no new run)."""
-    return WorkerProcess.objects.filter(owner=owner, draining=True).exists()
+    return sql.exists(WorkerProcess, owner=owner, draining=True)  # on every claim
 
 
 def workers() -> list[WorkerProcess]:
