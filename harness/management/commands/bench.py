@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import socket
 import statistics
 import sys
@@ -281,6 +282,9 @@ class Command(BaseCommand):
         # Some parts create demo runs in this process through the domain; the processes the
         # benchmark starts register the demo agents themselves (harness.processes).
         import_module("runs.agents.demo")
+        # A SIGTERM unwinds like Ctrl-C, so the processes the benchmark started are stopped
+        # by the blocks that started them rather than left running.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         self.load = load_average()
         if self.load > 1.0:
             self.stderr.write(f"warning: the machine is loaded before the benchmark starts "
