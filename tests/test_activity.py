@@ -82,6 +82,17 @@ def test_at_the_cap_the_failure_and_the_control_entries_are_still_kept(pushes, m
     assert activity.activity_facts(run_id=run.id)["failure"].text == "RuntimeError: boom"
 
 
+def test_the_entries_counted_apart_have_a_cap_of_their_own(pushes, monkeypatch):
+    monkeypatch.setattr(activity, "APART_CAP", 2)
+    run = queued_run()
+    for _ in range(3):
+        activity.control_taken(run_id=run.id, generation=1, command="pause", actor="olga",
+                               source="api")
+        activity.activity_record(run_id=run.id, generation=1, entries=[{"kind": "log"}])
+    kinds = list(Activity.objects.filter(run=run).order_by("seq").values_list("kind", flat=True))
+    assert kinds == ["control", "log", "control", "log", "log"]
+
+
 def test_large_data_and_text_are_cut_down(pushes):
     run = queued_run()
     activity.activity_record(run_id=run.id, generation=1, entries=[
