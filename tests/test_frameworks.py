@@ -42,12 +42,15 @@ def stuck(order: str) -> str:
 
 
 def _pydantic_ai_agents():
-    from pydantic_ai import Agent
+    from pydantic_ai import Agent, Tool
 
-    from runs.agents.pydantic_ai import wrap
+    from runs.agents.pydantic_ai import send_email, wrap
 
     wrap(lambda: Agent(instructions="Use the tool.", tools=[lookup]), name="test.pai.tools")
     wrap(lambda: Agent(instructions="Use the tool.", tools=[stuck]), name="test.pai.stuck")
+    wrap(lambda: Agent(instructions="Use the tools.", tools=[
+        Tool(lookup, requires_approval=True), Tool(send_email, requires_approval=True)]),
+        name="test.pai.two")
     return {"chat": "pydantic_ai.chat", "tools": "test.pai.tools", "stuck": "test.pai.stuck"}
 
 
@@ -450,11 +453,12 @@ def test_the_frameworks_model_calls_are_priced_into_the_runs_cost(
     assert done.cost_usd == pytest.approx(prompt + 2 * completion)
 
 
-def test_the_sdks_calls_pending_at_once_are_asked_one_ticket_at_a_time(
-        agents, executor, stub_server):
+@pytest.mark.parametrize("agent", ["test.pai.two", "test.oai.two"])
+def test_calls_pending_at_once_are_asked_one_ticket_at_a_time(agent, agents, executor,
+                                                              stub_server):
     """One turn asks for two calls that need approval: each is asked once, the first
-    decision kept while the second is asked, and both reach the SDK."""
-    run = start(executor, "test.oai.two", {"prompt": "F-1", "model": "echo+two"})
+    decision kept while the second is asked, and both reach the framework."""
+    run = start(executor, agent, {"prompt": "F-1", "model": f"echo+two-{agent}"})
     answers = {"lookup": {"approved": True},
                "send_email": {"approved": False, "reason": "not now"}}
     asked = []

@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 
 from runs.agents import Context, Interrupted, demo_agents_enabled
 from runs.agents.wrapping import FrameworkAgent, wrapped
+from runs.domain.actions import action_digest
 
 STATE_KEY = "pydantic_ai"
 FRAMEWORK = {"framework": "pydantic-ai"}  # what its activity entries say of the framework
@@ -136,20 +137,34 @@ def _control(ctx: Context):
 
         async def handle_deferred_tool_calls(self, run_ctx, *, requests):
             """Tools made with ``requires_approval=True``: each call becomes our approval
-            ticket (``Context.approval``; the run awaits the decision). Approved, it runs
-            with the approved (or edited) arguments; refused, the model is told why."""
+            ticket (``Context.approval``; the run awaits the decision), one at a time, each
+            decision kept in the run's state by the call's digest at once, so a pause for
+            the next does not ask it again. Approved, it runs with the approved (or edited)
+            arguments; refused, the model is told why."""
             from pydantic_ai.tools import DeferredToolResults, ToolApproved, ToolDenied
 
             if requests.calls:
                 return None  # calls run outside the agent are not ours to answer
+            state = ctx.state.get(STATE_KEY) or {}
+            decided = dict(state.get("decided") or {})  # until the turn commits
             approvals = {}
             for call in requests.approvals:
-                decision = await ctx.approval(call.tool_name, call.args_as_dict())
+                arguments = call.args_as_dict()
+                digest = action_digest(call.tool_name, arguments)
+                if digest not in decided:
+                    decision = await ctx.approval(call.tool_name, arguments)
+                    decided[digest] = {"approved": decision.approved,
+                                       "edited": decision.edited,
+                                       "arguments": decision.arguments,
+                                       "reason": decision.reason}
+                    ctx.state[STATE_KEY] = {**state, "decided": decided}
+                decision = decided[digest]
                 approvals[call.tool_call_id] = (
-                    ToolApproved(override_args=decision.arguments if decision.edited else None)
-                    if decision.approved else
+                    ToolApproved(override_args=decision["arguments"] if decision["edited"]
+                                 else None)
+                    if decision["approved"] else
                     ToolDenied("The tool call was refused" + (
-                        f": {decision.reason}" if decision.reason else ".")))
+                        f": {decision['reason']}" if decision["reason"] else ".")))
             return DeferredToolResults(approvals=approvals)
 
         async def wrap_tool_execute(self, run_ctx, *, call, tool_def, args, handler):
