@@ -474,3 +474,14 @@ def test_calls_pending_at_once_are_asked_one_ticket_at_a_time(agent, agents, exe
     assert sorted(asked) == ["lookup", "send_email"]
     assert "order F-1: shipped" in done.output["text"]
     assert "The tool call was refused: not now" in done.output["text"]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_streamed_calls_tokens_stop_the_run_at_its_token_budget(framework, agents, executor,
+                                                                  stub_server):
+    run = start(executor, agents[framework]["tools"], {"prompt": "G-1",
+                                                       "model": f"echo+tokens-{framework}"},
+                budget={"max_tokens": 1})
+    done = ended(run.id)
+    assert (done.end_cause, done.stop_code, done.steps) == ("stopped", "max_tokens", 1)
+    assert done.tokens > 1
