@@ -9,6 +9,7 @@ from django.test import Client
 
 from runs import domain
 from runs.domain import activity, outside
+from runs.domain.actions import action_digest
 from runs.models import Activity, ActivityKind, Run
 from runs.runtime.agent import Context
 from runs.runtime.token import CancellationToken
@@ -115,6 +116,9 @@ class Host:
 
     async def fence(self, ctx):  # no request is ever committed here
         pass
+
+    def before_tool(self, ctx, tool, arguments, pending):
+        return action_digest(tool, arguments)  # no loop guard here
 
     async def before_step(self, ctx):
         pass

@@ -127,3 +127,45 @@ def test_the_review_page_shows_what_will_run_and_decides_it(page, browser, embed
                            ':has-text("by Rita Reviewer via Review link")')
     assert errors == []
     reviewer.close()
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_run_paused_at_its_budget_says_which_limit_and_goes_on_once_it_is_raised(
+        page, embedded_site, size):
+    page.set_viewport_size(size)
+    tag = f"{size['width']}x{size['height']}"
+    status, run = embedded_site.call("POST", "/api/runs/", {
+        "agent": "demo.steps", "input": {"steps": 4, "step_seconds": 0.05},
+        "budget": {"max_steps": 2, "on_exhausted": "pause"}})
+    assert status == 201, run
+    row = f'tr.run[data-run-id="{run["id"]}"]'
+    page.goto(f"{embedded_site.base}{run['url']}")
+    page.wait_for_selector('#live[data-status="live"]')
+    page.wait_for_selector(f'{row}[data-state="awaiting"]')
+    ask = page.locator(".ask")
+    ask.locator('[data-field="pause-why"]').wait_for()
+    assert ask.locator("h2").text_content() == "Paused: budget reached"
+    assert "Step budget of 2 reached" in ask.locator('[data-field="pause-why"]').text_content()
+    assert "Usage so far: 2 steps" in ask.text_content()
+    assert "(now 2)" in ask.locator("label.raise").text_content()
+    field = ask.locator('input[data-raise="max_steps"]')
+    fits(page, size)
+    assert serious_violations(page) == []
+    shot(page, f"run-budget-{tag}")
+
+    field.fill("2")  # not raised: refused, said so, nothing changed
+    page.click('[data-run-action="raise-budget"]')
+    toast = page.locator("#toast")
+    toast.wait_for()
+    assert "max_steps" in toast.text_content() and "raise" in toast.text_content()
+    shot(page, f"run-budget-refused-{tag}")
+    paused = embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]
+    assert (paused["state"], paused["budget"]["max_steps"]) == ("awaiting", 2)
+    page.errors[:] = [e for e in page.errors if "400 (Bad Request)" not in e]  # the refusal's
+
+    field.fill("10")
+    page.click('[data-run-action="raise-budget"]')
+    page.wait_for_selector(f'{row}[data-end-cause="completed"]')
+    done = embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]
+    assert (done["usage"]["steps"], done["budget"]["max_steps"]) == (4, 10)
+    page.wait_for_selector('.timeline li[data-kind="resumed"]:has-text("by admin")')

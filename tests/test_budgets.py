@@ -8,6 +8,7 @@ import pytest
 from drf_spectacular.generators import SchemaGenerator
 
 from runs import domain
+from runs.agents import Agent, register
 from runs.domain import limits, prices
 from runs.domain.errors import InvalidRequest
 from runs.models import Activity, BulkJob, Run
@@ -246,3 +247,45 @@ def test_the_list_filters_by_ticket_reason_and_a_bulk_resume_leaves_input_ticket
     assert Run.objects.get(pk=looped.id).state == "queued"
     assert Run.objects.get(pk=looped.id).repeats == {}  # the loop's counts start again
     assert Run.objects.get(pk=budgeted.id).state == "awaiting"  # needs a raised budget
+
+
+def looked_up(order: str) -> str:
+    return f"order {order}"
+
+
+@register
+class Repeating(Agent):
+    """Calls one tool with the same arguments, a step each time, with ``ctx.tool``."""
+
+    name = "test.budgets.repeating"
+
+    async def run(self, ctx):
+        while True:
+            async with ctx.step():
+                await ctx.tool(looked_up, order="E-1")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_loop_guard_counts_direct_tool_calls_too():
+    """Not only the calls the model asks for: every tool call through the host counts, by
+    tool and argument digest, and the one past max_repeats never runs."""
+    from harness.processes import wait_until
+    from runs.domain.actions import action_digest
+    from runs.models import Event
+    from runs.runtime.executor import Executor
+
+    run, _ = domain.run_create(agent=Repeating.name, input={}, dispatch=False,
+                               budget={"max_repeats": 2})
+    executor = Executor(node="loops", lease_seconds=3600, db_threads=1)
+    try:
+        assert executor.start([run.id]) == 1
+        run = wait_until(lambda: (lambda r: r if r.state == "awaiting" else None)(
+            Run.objects.select_related("ticket").get(pk=run.id)), 20, "the loop ticket")
+    finally:
+        executor.close()
+    digest = action_digest("looked_up", {"order": "E-1"})
+    assert (run.ticket.reason, run.ticket.prompt["digest"], run.steps) == ("loop", digest, 2)
+    assert run.repeats == {digest: 2}
+    steps = Event.objects.filter(run_id=run.id, kind="step").order_by("seq")
+    assert [[tool["digest"] for tool in step.data["tools"]] for step in steps] == [
+        [digest], [digest]]

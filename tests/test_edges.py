@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from runs import domain
 from runs.domain import selectors
+from runs.domain.actions import action_digest
 from runs.models import Attempt, ControlIntent, Event, Run, RunState
 from runs.runtime.agent import Context
 from runs.runtime.registry import Entry, Registry
@@ -447,6 +448,9 @@ def test_abandoned_blocking_tools_are_replaced_and_past_the_cap_fail_at_once():
 
         async def fence(self, ctx):
             pass
+
+        def before_tool(self, ctx, tool, arguments, pending):
+            return action_digest(tool, arguments)  # no loop guard here
 
         def activity(self, ctx, entry):
             pass

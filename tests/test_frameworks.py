@@ -42,24 +42,30 @@ def stuck(order: str) -> str:
 
 
 def _pydantic_ai_agents():
-    from pydantic_ai import Agent
+    from pydantic_ai import Agent, Tool
 
-    from runs.agents.pydantic_ai import wrap
+    from runs.agents.pydantic_ai import send_email, wrap
 
     wrap(lambda: Agent(instructions="Use the tool.", tools=[lookup]), name="test.pai.tools")
     wrap(lambda: Agent(instructions="Use the tool.", tools=[stuck]), name="test.pai.stuck")
+    wrap(lambda: Agent(instructions="Use the tools.", tools=[
+        Tool(lookup, requires_approval=True), Tool(send_email, requires_approval=True)]),
+        name="test.pai.two")
     return {"chat": "pydantic_ai.chat", "tools": "test.pai.tools", "stuck": "test.pai.stuck"}
 
 
 def _openai_agents_agents():
     from agents import Agent, function_tool
 
-    from runs.agents.openai_agents import wrap
+    from runs.agents.openai_agents import send_email, wrap
 
     wrap(lambda: Agent(name="tools", instructions="Use the tool.",
                        tools=[function_tool(lookup)]), name="test.oai.tools")
     wrap(lambda: Agent(name="stuck", instructions="Use the tool.",
                        tools=[function_tool(stuck)]), name="test.oai.stuck")
+    wrap(lambda: Agent(name="two", instructions="Use the tools.", tools=[
+        function_tool(lookup, needs_approval=True),
+        function_tool(send_email, needs_approval=True)]), name="test.oai.two")
     return {"chat": "openai_agents.chat", "tools": "test.oai.tools", "stuck": "test.oai.stuck"}
 
 
@@ -294,7 +300,7 @@ def awaiting(run_id, timeout=20) -> Run:
     *((framework, decision) for framework in FRAMEWORKS
       for decision in ({"approved": True}, {"approved": False, "reason": "not today"})),
     *((framework, {"approved": True, "arguments": {"to": "ann@example.com", "body": "hi"}})
-      for framework in ("pydantic_ai", "langgraph"))])
+      for framework in FRAMEWORKS)])
 def test_a_tool_that_needs_approval_waits_for_its_ticket_and_runs_only_approved(
         framework, decision, agents, executor, stub_server):
     run = start(executor, f"{framework}.approval", {"prompt": "bob@example.com"})
@@ -333,3 +339,149 @@ def test_langgraph_interrupts_pending_at_once_are_asked_one_ticket_at_a_time(
     assert done.end_cause == "completed", done.error
     assert sorted(asked) == ["ann", "bob"]  # each asked once, the first not asked again
     assert done.output == [["ann", True], ["bob", False]]
+
+
+# --- live output, the loop guard -----------------------------------------------------------
+
+
+@pytest.fixture
+def pushed(monkeypatch):
+    """The live output messages the attempts push to their runs' sockets, decoded."""
+    messages = []
+    monkeypatch.setattr("runs.runtime.attempt_host.publish_output",
+                        lambda *, run_id, text: messages.append(json.loads(text)))
+    return messages
+
+
+def shown(pushed, run_id) -> str:
+    """The text the run's page shows from the live output so far (one model call)."""
+    text = ""
+    for message in [m for m in list(pushed) if m["run_id"] == str(run_id)]:
+        assert message["type"] == "run.output" and message["call"] == 1
+        assert message["offset"] == len(text) and "seq" not in message
+        text += message["delta"]
+    return text
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_models_text_streams_to_the_page_before_its_answer_ends(
+        framework, agents, executor, stub_server, pushed):
+    model = f"echo+words=12+hang=4+live-{framework}"
+    stub = stub_server.stub
+    run = start(executor, agents[framework]["chat"], {"prompt": "stream me", "model": model})
+    call = stub.wait(lambda calls: next((c for c in calls if c.model == model and c.holding),
+                                        None), what="the answer to hold")
+    early = wait_until(lambda: (lambda text: text if "stream" in text else None)(
+        shown(pushed, run.id)), 10, "the first words on the page")
+    assert early.startswith("You said: ") and call.holding and call.finished is None
+    assert Run.objects.get(pk=run.id).steps == 0  # the answer has not ended
+    stub.release()
+    done = ended(run.id)
+    assert done.end_cause == "completed", done.error
+    assert len(done.output["text"].split()) == 12
+    assert shown(pushed, run.id) == done.output["text"]  # all of it, once, in order
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_cancel_mid_stream_closes_the_connection_and_its_receipt_counts_late_tokens(
+        framework, agents, executor, stub_server, pushed):
+    """The cancel is committed while the answer streams; two more chunks arrive before its
+    live signal does: they are the receipt's late tokens. Nothing of the answer commits,
+    and nothing more is shown once the attempt's token is cancelled."""
+    model = f"echo+words=12+hang=2+hang=4+late-{framework}"
+    stub = stub_server.stub
+    run = start(executor, agents[framework]["chat"], {"prompt": "stream me", "model": model})
+    call = stub.wait(lambda calls: next((c for c in calls if c.model == model and c.holding),
+                                        None), what="two chunks")
+    wait_until(lambda: shown(pushed, run.id) == "You said: ", 10, "the first words shown")
+    domain.run_cancel(run_id=run.id, actor="olga", source="api")  # its signal comes later
+    stub.release()
+    wait_until(lambda: shown(pushed, run.id) == "You said: stream me ", 10,
+               "the late chunks read")
+    run = Run.objects.get(pk=run.id)
+    assert executor.registry.apply(str(run.id), run.generation, "cancel", actor="olga",
+                                   source="api")
+    done = ended(run.id)
+    stub.wait(lambda calls: call.disconnected, what="the connection to close")
+    assert done.end_cause == "cancelled" and call.finished is None
+    assert kinds(run.id) == ["created", "started", "cancel_requested", "ended"]
+    assert done.tokens == 0 and done.output is None and done.agent_state in ({}, None)
+    receipt = done.control.receipt
+    assert receipt["provider_closed_at"] is not None
+    assert receipt["tokens_after_request"] == 2
+    stub.release()  # the provider sends on; the page shows nothing more
+    stub.wait(lambda calls: call.late_chunks, what="a chunk after the close")
+    assert shown(pushed, run.id) == "You said: stream me "
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_loop_guard_counts_the_frameworks_tool_calls(framework, agents, executor,
+                                                          stub_server):
+    """The model asks for the same call every turn: the second would be one more than
+    max_repeats, so it never runs and the run pauses with a loop ticket."""
+    from runs.domain.actions import action_digest
+
+    run = start(executor, agents[framework]["tools"], {"prompt": "D-1",
+                                                       "model": f"echo+loop+{framework}"},
+                budget={"max_repeats": 1})
+    paused = awaiting(run.id)
+    digest = action_digest("lookup", {"order": "D-1"})
+    assert paused.ticket.reason == "loop" and paused.ticket.prompt["digest"] == digest
+    assert paused.repeats == {digest: 1}
+    recorded = [tool for event in Event.objects.filter(run_id=run.id, kind="step")
+                for tool in (event.data or {}).get("tools") or ()]
+    assert [(tool["name"], tool["digest"], tool["ok"]) for tool in recorded] == [
+        ("lookup", digest, True)]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_frameworks_model_calls_are_priced_into_the_runs_cost(
+        framework, agents, executor, stub_server, settings):
+    """Each model call is in its step's event with the provider's token counts, so its
+    cost is the run's (never a silent 0), as a call of our interface's."""
+    model = f"echo+cost-{framework}"
+    settings.AWAKEN_MODEL_PRICES = json.dumps({model: {"input": 1_000_000,
+                                                       "output": 2_000_000}})
+    run = start(executor, agents[framework]["chat"], {"prompt": "price me", "model": model})
+    done = ended(run.id)
+    assert done.end_cause == "completed", done.error
+    (step,) = Event.objects.filter(run_id=run.id, kind="step")
+    (reply,) = step.data["replies"]
+    prompt, completion = reply["usage"]["prompt"], reply["usage"]["completion"]
+    assert reply["model"] == model and prompt > 0 and completion > 0
+    assert done.tokens == prompt + completion
+    assert done.cost_usd == pytest.approx(prompt + 2 * completion)
+
+
+@pytest.mark.parametrize("agent", ["test.pai.two", "test.oai.two"])
+def test_calls_pending_at_once_are_asked_one_ticket_at_a_time(agent, agents, executor,
+                                                              stub_server):
+    """One turn asks for two calls that need approval: each is asked once, the first
+    decision kept while the second is asked, and both reach the framework."""
+    run = start(executor, agent, {"prompt": "F-1", "model": f"echo+two-{agent}"})
+    answers = {"lookup": {"approved": True},
+               "send_email": {"approved": False, "reason": "not now"}}
+    asked = []
+    for _ in answers:
+        paused = awaiting(run.id)
+        tool = paused.ticket.action["tool"]
+        asked.append(tool)
+        domain.run_resume(run_id=run.id, ticket_id=paused.ticket.pk, input=answers[tool],
+                          actor="olga", source="api")
+        assert executor.start([run.id]) == 1
+    done = ended(run.id)
+    assert done.end_cause == "completed", done.error
+    assert sorted(asked) == ["lookup", "send_email"]
+    assert "order F-1: shipped" in done.output["text"]
+    assert "The tool call was refused: not now" in done.output["text"]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_streamed_calls_tokens_stop_the_run_at_its_token_budget(framework, agents, executor,
+                                                                  stub_server):
+    run = start(executor, agents[framework]["tools"], {"prompt": "G-1",
+                                                       "model": f"echo+tokens-{framework}"},
+                budget={"max_tokens": 1})
+    done = ended(run.id)
+    assert (done.end_cause, done.stop_code, done.steps) == ("stopped", "max_tokens", 1)
+    assert done.tokens > 1

@@ -17,10 +17,13 @@ What the wrapper does, on pydantic-ai's public API (``Agent.iter``, capabilities
 * each turn (one model request and the tools it asks for) is one of our steps, committed
   with the message history; a later attempt (crash, resume) goes on from it and never asks
   the model again for a committed turn;
+* each model request is streamed (``node.stream``): its text goes to the run's page as it
+  arrives (live output);
 * every wait of the run races the attempt's token: on a cancel, stop, budget, lease loss or
   parent cancel the task driving pydantic-ai is cancelled (its connection closes) and its
   own ``CancellationToken`` fired; nothing of the turn in progress is committed;
-* tools run through the host's fence (refused once a cancel or stop is committed), and
+* tools run through the host's fence (refused once a cancel or stop is committed) and
+  loop guard, and
   model and tool calls are activity entries with durations and tokens (``max_tokens``);
 * messages posted to the live inbox reach the model as user messages before its next
   request.
@@ -31,8 +34,10 @@ from datetime import UTC, datetime
 
 from runs.agents import Context, Interrupted, demo_agents_enabled
 from runs.agents.wrapping import FrameworkAgent, wrapped
+from runs.domain.actions import action_digest
 
 STATE_KEY = "pydantic_ai"
+FRAMEWORK = {"framework": "pydantic-ai"}  # what its activity entries say of the framework
 
 
 def wrap(agent, *, name: str, prompt=None, output=None) -> type:
@@ -40,8 +45,9 @@ def wrap(agent, *, name: str, prompt=None, output=None) -> type:
     once when first needed) as the awaken agent ``name``.
 
     ``prompt(input) -> str``: the user prompt from the run's input (default
-    ``input["prompt"]``); ``output(result_output) -> JSON``: the run's output (default
-    ``{"text": str(output)}``). Returns the registered class."""
+    ``input["prompt"]``); ``output(result_output, messages) -> JSON``: the run's output
+    from the agent's and the run's message history (default ``{"text": str(output)}``).
+    Returns the registered class."""
 
     return wrapped(PydanticAIAgent, agent, name=name, ready=lambda made: hasattr(made, "iter"),
                    prefix="PydanticAI", prompt=prompt, output=output)
@@ -84,7 +90,7 @@ class PydanticAIAgent(FrameworkAgent):
                                    or self.agent.is_end_node(node)):
                             node = await ctx.race(run.next(node))  # the prompt's node
                         if self.agent.is_model_request_node(node):
-                            node = await ctx.race(run.next(node))
+                            node = await ctx.race(_streamed(ctx, run, node))
                         if self.agent.is_call_tools_node(node):
                             node = await ctx.race(run.next(node))
                         done = self.agent.is_end_node(node)
@@ -124,47 +130,80 @@ def _control(ctx: Context):
             usage = response.usage
             ctx.model_call(model=response.model_name or "model", at=at,
                            ms=(time.perf_counter() - started) * 1000,
-                           tokens=(usage.input_tokens or 0) + (usage.output_tokens or 0),
-                           data={"framework": "pydantic-ai",
-                                 "finish_reason": response.finish_reason})
+                           prompt_tokens=usage.input_tokens,
+                           completion_tokens=usage.output_tokens,
+                           data={**FRAMEWORK, "finish_reason": response.finish_reason})
             return response
 
         async def handle_deferred_tool_calls(self, run_ctx, *, requests):
             """Tools made with ``requires_approval=True``: each call becomes our approval
-            ticket (``Context.approval``; the run awaits the decision). Approved, it runs
-            with the approved (or edited) arguments; refused, the model is told why."""
+            ticket (``Context.approval``; the run awaits the decision), one at a time, each
+            decision kept in the run's state by the call's digest at once, so a pause for
+            the next does not ask it again. Approved, it runs with the approved (or edited)
+            arguments; refused, the model is told why."""
             from pydantic_ai.tools import DeferredToolResults, ToolApproved, ToolDenied
 
             if requests.calls:
                 return None  # calls run outside the agent are not ours to answer
+            state = ctx.state.get(STATE_KEY) or {}
+            decided = dict(state.get("decided") or {})  # until the turn commits
             approvals = {}
             for call in requests.approvals:
-                decision = await ctx.approval(call.tool_name, call.args_as_dict())
+                arguments = call.args_as_dict()
+                digest = action_digest(call.tool_name, arguments)
+                if digest not in decided:
+                    decision = await ctx.approval(call.tool_name, arguments)
+                    decided[digest] = {"approved": decision.approved,
+                                       "edited": decision.edited,
+                                       "arguments": decision.arguments,
+                                       "reason": decision.reason}
+                    ctx.state[STATE_KEY] = {**state, "decided": decided}
+                decision = decided[digest]
                 approvals[call.tool_call_id] = (
-                    ToolApproved(override_args=decision.arguments if decision.edited else None)
-                    if decision.approved else
+                    ToolApproved(override_args=decision["arguments"] if decision["edited"]
+                                 else None)
+                    if decision["approved"] else
                     ToolDenied("The tool call was refused" + (
-                        f": {decision.reason}" if decision.reason else ".")))
+                        f": {decision['reason']}" if decision["reason"] else ".")))
             return DeferredToolResults(approvals=approvals)
 
         async def wrap_tool_execute(self, run_ctx, *, call, tool_def, args, handler):
-            arguments = call.args_as_dict()
-            key = await ctx.start_tool(call.tool_name, arguments)
-            started, at = time.perf_counter(), datetime.now(UTC)
-            ok = False
+            # The host's fence and loop guard, then the call, recorded in the step.
+            key = await ctx.start_tool(call.tool_name, call.args_as_dict(),
+                                       call_id=call.tool_call_id)
             try:
                 result = await handler(args)
-                ok = True
-                return result
-            finally:
-                stopped = ctx.token.cancelled and not ok
-                ctx.end_tool(key, stopped=stopped)
-                if not stopped:
-                    ctx.record_activity("tool", at=at, text=call.tool_name,
-                                        ms=(time.perf_counter() - started) * 1000,
-                                        data={"ok": ok, "framework": "pydantic-ai"})
+            except BaseException as error:
+                stopped = ctx.token.cancelled
+                ctx.end_tool(key, stopped=stopped, data=FRAMEWORK,
+                             error=None if stopped else f"{type(error).__name__}: {error}")
+                raise
+            ctx.end_tool(key, data=FRAMEWORK)
+            return result
 
     return Control()
+
+
+async def _streamed(ctx: Context, run, node):
+    """A model request streamed (``node.stream``, as ``Agent.iter`` documents it): its
+    text goes to the run's page as it arrives (``Context.output_stream``), and is dropped
+    there if the request fails or is cancelled. Then the node that follows it."""
+    from pydantic_ai.messages import PartDeltaEvent, PartStartEvent, TextPart, TextPartDelta
+
+    live = ctx.output_stream()
+    try:
+        async with node.stream(run.ctx) as events:
+            async for event in events:
+                if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+                    live.write(event.part.content)
+                elif (isinstance(event, PartDeltaEvent)
+                      and isinstance(event.delta, TextPartDelta)):
+                    live.write(event.delta.content_delta)
+    except BaseException:
+        live.close(keep=False)
+        raise
+    live.close(keep=True)
+    return await run.next(node)
 
 
 def _json(value) -> str:

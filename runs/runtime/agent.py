@@ -25,7 +25,7 @@ from runs.domain.text import clipped
 from runs.providers.client import ProviderError, Reply, ToolCall
 from runs.providers.metering import Meter
 from runs.runtime.host import Host
-from runs.runtime.output import LiveOutput
+from runs.runtime.output import LiveOutput, OutputStream
 from runs.runtime.token import CancellationToken, Why
 from runs.runtime.tools import Tool, Toolbox, as_tool, tool
 
@@ -109,6 +109,7 @@ class Context:
         # the provider's transport), its tool calls in flight and those refused.
         self.meter = Meter()
         self._in_flight: dict[int, dict] = {}
+        self._tool_starts: dict[int, tuple] = {}  # calls started: their record, when
         self._refused = 0
         self._tool_keys = itertools.count()
 
@@ -162,14 +163,22 @@ class Context:
                        ms=(time.perf_counter() - started) * 1000, tokens=used)
         return result
 
-    def model_call(self, *, model: str, ms: float, tokens: int, at=None,
-                   data: dict | None = None) -> None:
-        """Count a model call a framework made on its own (``runs.agents.*``): its tokens
-        go into the step's usage (and so toward ``max_tokens``), and an activity entry of
-        kind ``model`` is recorded with its duration."""
-        self._step_tokens += int(tokens or 0)
+    def model_call(self, *, model: str, ms: float, prompt_tokens: int | None,
+                   completion_tokens: int | None, at=None, data: dict | None = None) -> None:
+        """Count a model call a framework made on its own (``runs.agents.*``), with the
+        tokens the provider reported (None: it reported none): they go into the step's
+        usage (and so toward ``max_tokens``), the call into the step's event ``replies``
+        (so it is priced into ``cost_usd``, or makes the cost unknown, as ``chat``'s), and
+        an activity entry of kind ``model`` is recorded with its duration."""
+        tokens = int(prompt_tokens or 0) + int(completion_tokens or 0)
+        self._step_tokens += tokens
+        reply: dict = {"model": model or "model", "ms": round(ms, 2), **(data or {})}
+        if prompt_tokens is not None or completion_tokens is not None:
+            reply["usage"] = {"prompt": int(prompt_tokens or 0),
+                              "completion": int(completion_tokens or 0)}
+        self._step_data.setdefault("replies", []).append(reply)
         self.record_activity("model", **({"at": at} if at else {}), text=model or "model",
-                             ms=ms, tokens=int(tokens or 0), data=data)
+                             ms=ms, tokens=tokens, data=data)
 
     def model_name(self, name: str | None = None) -> str:
         """``name``, or the configured provider's default model (AWAKEN_PROVIDER_MODEL)."""
@@ -193,7 +202,7 @@ class Context:
         self.check()
         specs = [item if isinstance(item, dict) else as_tool(item).spec()
                  for item in tools or ()]
-        live = self._live_output().open() if stream else None
+        live = self.output_stream() if stream else None
         at = _now()
         call = self._host.provider.chat(
             messages, model=model, tools=specs or None, stream=stream, timeout=timeout,
@@ -297,37 +306,69 @@ class Context:
             return f"refused: {decision.reason or 'no reason given'}"
         return await self._tool_call(toolbox, call, arguments=decision.arguments)
 
+    def output_stream(self) -> OutputStream:
+        """The live output of one model call (``runs.runtime.output``): ``write`` its text
+        as it arrives and it goes to the run's page; ``close(keep=True)`` once the call
+        answered, ``close(keep=False)`` if it failed or was cancelled. ``chat`` opens one
+        per call; an adapter whose framework streams its model calls opens one the same
+        way. Nothing is pushed once the token is cancelled."""
+        return self._live_output().open()
+
     async def tool(self, fn: Callable, *args, **kwargs):
         """Call a tool: async ones are awaited, sync ones run in a thread; both are abandoned
         if the attempt is cancelled first (a thread cannot be killed, only left behind).
         The call and its duration are recorded in the step's event."""
         return await self._timed(fn, args, kwargs, name=getattr(fn, "__name__", str(fn)))
 
-    async def start_tool(self, name: str, arguments) -> int:
-        """The fence before a tool starts: refused (``Interrupted``, counted on the stop
-        receipt, the tool never runs) once a cancel or stop of the run is asked, whether its
-        live signal has cancelled the token yet or only the request is committed (the host
-        checks). Else the call is in flight until ``end_tool``: a key for it."""
+    async def start_tool(self, name: str, arguments, *, call_id: str | None = None) -> int:
+        """Before any tool call that goes through the host (``tool``, the tool loop of
+        ``converse``, an adapter's framework), in this order:
+
+        * the fence: refused (``Interrupted``, counted on the stop receipt, the tool never
+          runs) once a cancel or stop of the run is asked, whether its live signal has
+          cancelled the token yet or only the request is committed (the host checks);
+        * the loop guard: ``BudgetExceeded`` (``max_repeats``) when the run's calls of
+          this tool with these arguments (one action digest) would be more than the limit.
+
+        Else the call is counted in the step (its event records it, with its digest) and
+        is in flight until ``end_tool``: a key for it."""
         if not self.token.cancelled:
             await self._host.fence(self)
         if self.token.cancelled:
             self._refused += 1
             self.record_activity("tool", text=name, data={"ok": False, "refused": True})
             raise Interrupted(self.token.why)
+        digest = self._host.before_tool(self, name, _json_safe(arguments), self._step_calls)
+        self._step_calls[digest] = self._step_calls.get(digest, 0) + 1
         key = next(self._tool_keys)
-        self._in_flight[key] = {"tool": name, "digest": _digest(name, arguments)}
+        self._in_flight[key] = {"tool": name, "digest": digest}
+        self._tool_starts[key] = ({"name": name, **({"call_id": call_id} if call_id else {}),
+                                   "digest": digest}, time.perf_counter(), _now())
         return key
+
+    def end_tool(self, key: int, *, error: str | None = None, stopped: bool = False,
+                 data: dict | None = None) -> None:
+        """The call ``key`` returned, or failed with ``error``: recorded in the step's event
+        (name, call id, digest, duration, ``ok``, error) and in the activity log (with
+        ``data``). With ``stopped`` it was abandoned by the stop: it stays in flight on the
+        receipt and is not recorded (its step does not commit)."""
+        started = self._tool_starts.pop(key, None)
+        if stopped or started is None:
+            return
+        self._in_flight.pop(key, None)
+        record, began, at = started
+        record = {**record, "ok": error is None,
+                  **({"error": _capped(error, 500)[0]} if error is not None else {}),
+                  "ms": round((time.perf_counter() - began) * 1000, 2)}
+        self._step_data.setdefault("tools", []).append(record)
+        self.record_activity("tool", at=at, text=record["name"], ms=record["ms"], data={
+            "ok": record["ok"], **({"error": record["error"]} if "error" in record else {}),
+            **(data or {})})
 
     def inbox(self) -> list:
         """The messages waiting in the live inbox now, taken (wakes dropped); never waits.
         The adapters hand them to their framework before its next model call."""
         return self._host.take_inbox(self)
-
-    def end_tool(self, key: int, *, stopped: bool = False) -> None:
-        """The call ``key`` returned (or failed); with ``stopped`` it was abandoned by the
-        stop and stays in flight on the receipt."""
-        if not stopped:
-            self._in_flight.pop(key, None)
 
     def stop_trace(self) -> Trace:
         """What the stop receipt is made of (``runs.domain.receipts``)."""
@@ -336,35 +377,21 @@ class Context:
                      tools_in_flight=list(self._in_flight.values()),
                      tools_refused=self._refused, stopped_at=self.token.cancelled_at)
 
-    async def _timed(self, fn: Callable, args, kwargs, *, name: str, call_id=None,
-                     digest: str | None = None):
-        record: dict = {"name": name, **({"call_id": call_id} if call_id else {}),
-                        **({"digest": digest} if digest else {})}
-        key = await self.start_tool(name, {"args": list(args), **kwargs} if args else kwargs)
-        started, at = time.perf_counter(), _now()
-        stopped = False
+    async def _timed(self, fn: Callable, args, kwargs, *, name: str, call_id=None):
+        key = await self.start_tool(name, {"args": list(args), **kwargs} if args else kwargs,
+                                    call_id=call_id)
         try:
             if inspect.iscoroutinefunction(fn):
                 result = await self.race(fn(*args, **kwargs))
             else:
                 result = await self.race(self._host.run_sync_tool(fn, *args, **kwargs))
-        except Interrupted:
-            stopped = True
-            raise  # the step will not commit: nothing to record
-        except Exception as error:
-            record.update(ok=False, error=_capped(f"{type(error).__name__}: {error}", 500)[0])
+        except BaseException as error:
+            stopped = isinstance(error, Interrupted) or self.token.cancelled
+            self.end_tool(key, stopped=stopped,
+                          error=None if stopped else f"{type(error).__name__}: {error}")
             raise
-        else:
-            record["ok"] = True
-            return result
-        finally:
-            self.end_tool(key, stopped=stopped)
-            if "ok" in record:
-                record["ms"] = round((time.perf_counter() - started) * 1000, 2)
-                self._step_data.setdefault("tools", []).append(record)
-                self.record_activity("tool", at=at, text=name, ms=record["ms"], data={
-                    "ok": record["ok"], **({"error": record["error"]}
-                                           if "error" in record else {})})
+        self.end_tool(key)
+        return result
 
     async def _tool_call(self, toolbox: Toolbox, call: ToolCall, *,
                          arguments: dict | None = None) -> str:
@@ -380,12 +407,10 @@ class Context:
                 "name": call.name, "call_id": call.id, "ok": False, "ms": 0.0,
                 "error": _capped(str(error), 500)[0]})
             return f"error: {error}"
-        digest = self._host.before_tool(self, found.name, arguments, self._step_calls)
-        self._step_calls[digest] = self._step_calls.get(digest, 0) + 1
         try:
             result = await self._timed(found.fn, (), arguments, name=found.name,
-                                       call_id=call.id, digest=digest)
-        except Interrupted:
+                                       call_id=call.id)
+        except (Interrupted, BudgetExceeded):
             raise
         except Exception as error:
             return f"error: {type(error).__name__}: {error}"
@@ -501,12 +526,13 @@ def _now():
     return datetime.now(UTC)
 
 
-def _digest(name: str, arguments) -> str:
-    """The action digest of a call; arguments that are not JSON are digested as text."""
+def _json_safe(arguments):
+    """A call's arguments as JSON can hold them: those that are not JSON as text."""
     try:
-        return action_digest(name, arguments)
+        action_digest("", arguments)
+        return arguments
     except (TypeError, ValueError):
-        return action_digest(name, json.loads(json.dumps(arguments, default=repr)))
+        return json.loads(json.dumps(arguments, default=repr))
 
 
 def _answered(conversation: list[dict]) -> bool:

@@ -31,7 +31,8 @@ class Host(Protocol):
         ``BudgetExceeded`` when a step, token or cost budget is used up."""
 
     def before_tool(self, ctx: Context, tool: str, arguments, pending: dict) -> str:
-        """Before a tool call the model asked for: its action digest
+        """Before any tool call that goes through the host (``Context.start_tool``: a
+        direct ``tool`` call, the tool loop's, an adapter's framework's): its action digest
         (``runs.domain.actions.action_digest``); raise ``BudgetExceeded`` (``max_repeats``)
         when the run's committed calls of that digest and the step's ``pending`` ones
         (digest to count) already reach the loop guard's limit."""

@@ -561,12 +561,12 @@ class Command(BaseCommand):
         """Cancel runs whose model call hangs mid-stream, one at a time, and time at the
         provider's side when each connection closes: the provider stub is served by this
         process, so the cancel request and the stub's clock are the same clock. Our own
-        interface (``demo.chat``), then each installed framework's shipped chat agent (their
-        calls are not streamed: they hang before the answer)."""
+        interface (``demo.chat``), then each installed framework's shipped chat agent, each
+        streaming, held after its first chunk."""
         from runs.domain.catalogue import CATALOGUE
 
         agents = [("demo.chat", "our interface", {})] + [
-            (name, name.split(".")[0], {"model": "echo+hang=0"})
+            (name, name.split(".")[0], {})
             for name in ("pydantic_ai.chat", "openai_agents.chat", "langgraph.chat")
             if name in CATALOGUE]
         rows = []
