@@ -147,6 +147,8 @@ def _hooks(ctx: Context):
             ctx.model_call(model=ctx.model_name(ctx.input.get("model")), at=at,
                            ms=(time.perf_counter() - started) * 1000,
                            tokens=usage.total_tokens if usage else 0,
+                           input_tokens=usage.input_tokens if usage else None,
+                           output_tokens=usage.output_tokens if usage else None,
                            data={"framework": "openai-agents"})
 
         async def on_tool_start(self, context, agent, tool):

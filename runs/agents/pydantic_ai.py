@@ -125,6 +125,7 @@ def _control(ctx: Context):
             ctx.model_call(model=response.model_name or "model", at=at,
                            ms=(time.perf_counter() - started) * 1000,
                            tokens=(usage.input_tokens or 0) + (usage.output_tokens or 0),
+                           input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
                            data={"framework": "pydantic-ai",
                                  "finish_reason": response.finish_reason})
             return response

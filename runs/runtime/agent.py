@@ -163,13 +163,17 @@ class Context:
         return result
 
     def model_call(self, *, model: str, ms: float, tokens: int, at=None,
-                   data: dict | None = None) -> None:
+                   data: dict | None = None, input_tokens: int | None = None,
+                   output_tokens: int | None = None) -> None:
         """Count a model call a framework made on its own (``runs.agents.*``): its tokens
         go into the step's usage (and so toward ``max_tokens``), and an activity entry of
-        kind ``model`` is recorded with its duration."""
+        kind ``model`` is recorded with its duration (and the input and output tokens, when
+        the framework tells them apart)."""
         self._step_tokens += int(tokens or 0)
         self.record_activity("model", **({"at": at} if at else {}), text=model or "model",
-                             ms=ms, tokens=int(tokens or 0), data=data)
+                             ms=ms, tokens=int(tokens or 0), data={
+                                 **(data or {}), **_token_split(input_tokens, output_tokens)}
+                             or None)
 
     def model_name(self, name: str | None = None) -> str:
         """``name``, or the configured provider's default model (AWAKEN_PROVIDER_MODEL)."""
@@ -212,6 +216,9 @@ class Context:
         self.record_activity("model", at=at, text=reply.model or model or "model",
                        ms=reply.seconds * 1000, tokens=reply.tokens, data={
                            "finish_reason": reply.finish_reason, "tries": reply.tries,
+                           **(_token_split(reply.usage.prompt_tokens,
+                                           reply.usage.completion_tokens)
+                              if reply.usage is not None else {}),
                            **({"tools": [call.name for call in reply.tool_calls]}
                               if reply.tool_calls else {})})
         return reply
@@ -364,7 +371,8 @@ class Context:
                 self._step_data.setdefault("tools", []).append(record)
                 self.record_activity("tool", at=at, text=name, ms=record["ms"], data={
                     "ok": record["ok"], **({"error": record["error"]}
-                                           if "error" in record else {})})
+                                           if "error" in record else {}),
+                    **({"call_id": call_id} if call_id else {})})
 
     async def _tool_call(self, toolbox: Toolbox, call: ToolCall, *,
                          arguments: dict | None = None) -> str:
@@ -499,6 +507,13 @@ class Context:
 
 def _now():
     return datetime.now(UTC)
+
+
+def _token_split(input_tokens: int | None, output_tokens: int | None) -> dict:
+    """A model call's input and output tokens, as its activity entry records them."""
+    return {key: int(value) for key, value in (("input_tokens", input_tokens),
+                                               ("output_tokens", output_tokens))
+            if value is not None}
 
 
 def _digest(name: str, arguments) -> str:

@@ -123,6 +123,7 @@ class AttemptHost:
 
     def activity(self, ctx: Context, entry: dict) -> None:
         self.activity_log.add(entry)
+        self.entry.trace.activity(entry)  # a model or tool call is a span of the attempt's
 
     # --- child runs --------------------------------------------------------------------
 
