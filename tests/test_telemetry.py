@@ -61,6 +61,42 @@ assert not loaded, loaded
     assert done.returncode == 0, done.stderr
 
 
+def test_the_settings_set_up_an_exporter():
+    """OTEL_TRACES_EXPORTER=console: an attempt's span is exported as the SDK prints it;
+    with an OTLP endpoint, the exporter of the protocol asked for is made."""
+    code = """
+import django
+django.setup()
+from opentelemetry import trace
+from runs import telemetry
+assert telemetry.enabled()
+telemetry.attempt(run_id="r1", generation=1, agent="demo.steps", thread_id="t1",
+                  traceparent=None).end("completed")
+trace.get_tracer_provider().force_flush()
+"""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env.update(DJANGO_SETTINGS_MODULE="tests.settings", SECRET_KEY="x",
+               OTEL_TRACES_EXPORTER="console", OTEL_SERVICE_NAME="awaken-tests")
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert '"name": "invoke_agent demo.steps"' in done.stdout
+    assert '"service.name": "awaken-tests"' in done.stdout
+    for protocol, module in (("grpc", "grpc"), ("http/protobuf", "http")):
+        env.pop("OTEL_TRACES_EXPORTER")
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
+                   OTEL_EXPORTER_OTLP_PROTOCOL=protocol)
+        done = subprocess.run([sys.executable, "-c", (
+            "from runs import telemetry; "
+            "print(type(telemetry._exporter()).__module__)")], cwd=ROOT, env=env,
+            capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert f"opentelemetry.exporter.otlp.proto.{module}.trace_exporter" in done.stdout
+        env["OTEL_TRACES_EXPORTER"] = "otlp"
+
+
 @pytest.fixture
 def spans():
     """Traces on, to the SDK's in-memory exporter, for this test."""
