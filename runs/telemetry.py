@@ -12,7 +12,8 @@ What is traced follows the GenAI semantic conventions:
 * the REST request that creates a run is a server span, continued from the client's
   ``traceparent`` header; the run keeps its W3C trace context (``traceparent()``, stored
   with the run by the domain);
-* each attempt is an ``invoke_agent {agent}`` span, a child of that context, in the worker;
+* each attempt is an ``invoke_agent {agent}`` span, a child of that context, in the worker
+  (a child run the agent starts keeps the attempt's context, ``within``);
 * each model call of the attempt is a ``chat {model}`` span, each tool call an
   ``execute_tool {tool}`` span, both children of the attempt's: made from the run's activity
   entries (``Attempt.activity``), so every agent and framework adapter is traced alike;
@@ -130,6 +131,20 @@ def _context_of(traceparent_text: str | None):
     return TraceContextTextMapPropagator().extract({"traceparent": traceparent_text})
 
 
+def within(traceparent_text: str, fn, /, **kwargs):
+    """``fn(**kwargs)`` with the span a ``traceparent`` names as the current one (a thread
+    of its own has none): a run it creates is in that trace."""
+    if not traceparent_text or _tracer_now() is None:
+        return fn(**kwargs)
+    from opentelemetry import context
+
+    token = context.attach(_context_of(traceparent_text))
+    try:
+        return fn(**kwargs)
+    finally:
+        context.detach(token)
+
+
 def _ns(at: datetime | None) -> int | None:
     return None if at is None else int(at.timestamp() * 1_000_000_000)
 
@@ -187,6 +202,8 @@ def _control_attributes(action: str, actor, source, reason) -> dict:
 class NoAttempt:
     """An attempt's trace while tracing is off: every call does nothing."""
 
+    traceparent = ""  # the W3C trace context of its span
+
     def activity(self, entry: dict) -> None:
         pass
 
@@ -220,6 +237,9 @@ class Attempt(NoAttempt):
                 "gen_ai.provider.name": PROVIDER, "gen_ai.conversation.id": thread_id,
                 "awaken.run.id": run_id, "awaken.attempt.generation": generation})
         self._context = trace.set_span_in_context(self.span)
+        context = self.span.get_span_context()
+        self.traceparent = (f"00-{context.trace_id:032x}-{context.span_id:016x}-"
+                            f"{int(context.trace_flags):02x}")
 
     def activity(self, entry: dict) -> None:
         """A span for an activity entry of the attempt that is a model call (``chat``) or a

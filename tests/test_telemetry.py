@@ -188,6 +188,29 @@ def test_a_run_is_traced_from_its_request_through_its_model_and_tool_calls(spans
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
+def test_a_child_run_is_traced_under_its_parents_attempt(spans, executor):
+    client = client_for(make_user("olga", "operator"))
+    run_id = create(client, "demo.parent", {"children": 2, "child_agent": "demo.steps",
+                                            "child_input": {"steps": 1, "step_seconds": 0}})
+    assert executor.start([run_id]) == 1
+    assert ended(run_id).end_cause == "completed"
+    agents = wait_until(lambda: (lambda found: found if len(found) == 3 else None)(
+        named(spans, "invoke_agent")), 10, "three attempts' spans")
+    (parent,) = [span for span in agents if span.attributes["awaken.run.id"] == run_id]
+    children = [span for span in agents if span is not parent]
+    assert {span.name for span in children} == {"invoke_agent demo.steps"}
+    assert all(span.parent.span_id == parent.context.span_id for span in children)
+    assert all(span.context.trace_id == int(TRACE_ID, 16) for span in children)
+    stored = Run.objects.filter(parent_id=run_id).values_list("traceparent", flat=True)
+    assert set(stored) == {parent_traceparent(parent)}
+
+
+def parent_traceparent(span) -> str:
+    return f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-01"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
 def test_a_cancel_is_an_event_on_the_attempts_span_naming_actor_source_and_reason(
         spans, executor):
     client = client_for(make_user("olga", "operator"))

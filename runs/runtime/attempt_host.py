@@ -130,7 +130,7 @@ class AttemptHost:
     async def spawn(self, ctx: Context, agent: str, input: dict):
         return await self.executor.children.spawn(
             parent_id=ctx.run_id, parent_generation=ctx.generation, token=ctx.token,
-            agent=agent, input=input)
+            agent=agent, input=input, traceparent=self.entry.trace.traceparent)
 
     async def wait_children(self, ctx: Context) -> list[dict]:
         return await self.executor.children.wait(parent_id=ctx.run_id,
