@@ -24,9 +24,12 @@ What is traced follows the GenAI semantic conventions:
 This module imports nothing of the project: every layer may call it.
 """
 
+import logging
 import os
 import threading
 from datetime import datetime
+
+log = logging.getLogger(__name__)
 
 TRACER_NAME = "awaken-site"
 PROVIDER = "openai"  # gen_ai.provider.name: the provider client speaks OpenAI's chat API
@@ -55,7 +58,13 @@ def _tracer_now():
     with _lock:
         if not _decided:
             if wanted():
-                _tracer = _tracer_from(_provider_from_environment())
+                try:
+                    _tracer = _tracer_from(_provider_from_environment())
+                except ImportError:
+                    log.error("The OTEL_* settings ask for traces, but OpenTelemetry is not "
+                              "installed (pip install 'awaken-site[otel]'): no traces.")
+                except ValueError as error:
+                    log.error("No traces: %s", error)
             _decided = True
     return _tracer
 

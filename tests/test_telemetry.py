@@ -84,6 +84,14 @@ trace.get_tracer_provider().force_flush()
     assert done.returncode == 0, done.stderr
     assert '"name": "invoke_agent demo.steps"' in done.stdout
     assert '"service.name": "awaken-tests"' in done.stdout
+    # An exporter awaken-site does not make: said once in the log, and no traces.
+    env["OTEL_TRACES_EXPORTER"] = "zipkin"
+    done = subprocess.run([sys.executable, "-c", (
+        "from runs import telemetry; assert not telemetry.enabled(); "
+        "assert telemetry.traceparent() == ''")], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "No traces: OTEL_TRACES_EXPORTER='zipkin'" in done.stderr
     for protocol, module in (("grpc", "grpc"), ("http/protobuf", "http")):
         env.pop("OTEL_TRACES_EXPORTER")
         env.update(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
