@@ -85,6 +85,9 @@ def test_a_scrape_from_elsewhere_needs_an_api_key(settings):
 
 def test_an_allowed_address_or_the_public_setting_needs_no_key(settings):
     assert Client().get("/metrics").status_code == 200  # this host, allowed by default
+    assert Client(REMOTE_ADDR="::1").get("/metrics").status_code == 200
+    assert Client(REMOTE_ADDR="::ffff:127.0.0.1").get("/metrics").status_code == 200
+    assert Client(REMOTE_ADDR="").get("/metrics").status_code == 401
     assert Client(REMOTE_ADDR=ELSEWHERE).get("/metrics").status_code == 401
     settings.AWAKEN_METRICS_ALLOWED_ADDRESSES = [ipaddress.ip_network("203.0.113.0/24")]
     assert Client(REMOTE_ADDR=ELSEWHERE).get("/metrics").status_code == 200

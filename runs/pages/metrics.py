@@ -35,6 +35,7 @@ def address_allowed(address: str | None) -> bool:
         client = ipaddress.ip_address(address or "")
     except ValueError:
         return False
+    client = getattr(client, "ipv4_mapped", None) or client  # ::ffff:127.0.0.1 is IPv4's
     return any(client in network for network in settings.AWAKEN_METRICS_ALLOWED_ADDRESSES)
 
 
