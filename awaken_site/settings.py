@@ -98,6 +98,8 @@ if importlib.util.find_spec("harness") is not None:
     INSTALLED_APPS.append("harness")
 
 MIDDLEWARE = [
+    # A request is a span when traces are on (OTEL_* settings, runs/telemetry.py).
+    "runs.telemetry.Middleware",
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -405,6 +407,25 @@ AWAKEN_SOCKET_RECHECK_SECONDS = envnumber("AWAKEN_SOCKET_RECHECK_SECONDS", "2", 
 # How often an idle event stream (server-sent events) sends a comment, to keep proxies open.
 AWAKEN_SSE_KEEPALIVE_SECONDS = envnumber("AWAKEN_SSE_KEEPALIVE_SECONDS", "15", kind=float,
                                          minimum=0.05)
+
+
+def _networks(name: str, items: list[str]) -> list:
+    """Addresses or CIDR ranges (the list of setting ``name``), as networks."""
+    import ipaddress
+
+    try:
+        return [ipaddress.ip_network(item, strict=False) for item in items]
+    except ValueError as error:
+        raise ImproperlyConfigured(f"{name} must list addresses or CIDR ranges: {error}") \
+            from None
+
+
+# Who may read /metrics without an API key: anyone (AWAKEN_METRICS_PUBLIC), else these
+# client addresses (REMOTE_ADDR: behind a proxy, daphne's --proxy-headers makes it the
+# client's), by default this host only.
+AWAKEN_METRICS_PUBLIC = envbool("AWAKEN_METRICS_PUBLIC", "0")
+AWAKEN_METRICS_ALLOWED_ADDRESSES = _networks("AWAKEN_METRICS_ALLOWED_ADDRESSES", envlist(
+    "AWAKEN_METRICS_ALLOWED_ADDRESSES", "127.0.0.1/32,::1/128"))
 # Webhooks: the only hosts ever called (a name, or .example.com for it and its subdomains),
 # how long one attempt may take, and for how long a delivery is retried.
 AWAKEN_WEBHOOK_ALLOWED_HOSTS = [host.strip() for host in os.getenv(

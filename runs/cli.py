@@ -2,13 +2,16 @@
 
 Configured by ``--url``/``--token``, else ``AWAKEN_URL``/``AWAKEN_TOKEN``, else the config
 file ``awaken login`` writes (``$AWAKEN_CONFIG``, default ``~/.config/awaken/config.json``,
-mode 0600). ``--json`` on every command prints the API's JSON. Exit status: 0 done, 1 refused
-by the server (its ``code`` and message on stderr), 2 usage error, 3 server unreachable.
-Controls sent from here record source ``cli``.
+mode 0600). ``--json`` on every command prints the API's JSON. The three are global: given
+before the command (``awaken --json runs ls``) or after it (``awaken runs ls --json``). Exit
+status: 0 done, 1 refused by the server (its ``code`` and message on stderr), 2 usage error,
+3 server unreachable. Controls sent from here record source ``cli``.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 import sys
@@ -40,9 +43,6 @@ app.add_typer(workers_app, name="workers")
 out = Console()
 err = Console(stderr=True)
 
-Json = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
-
-
 def config_path() -> Path:
     if os.environ.get("AWAKEN_CONFIG"):
         return Path(os.environ["AWAKEN_CONFIG"])
@@ -60,18 +60,54 @@ def saved() -> dict:
 class Settings:
     url: str | None = None
     token: str | None = None
+    as_json: bool = False
 
 
 settings = Settings()
 
+URL_HELP, TOKEN_HELP, JSON_HELP = "The site's URL.", "An API token.", "Print the API's JSON."
+
 
 @app.callback()
 def configure(
-    url: Annotated[str | None, typer.Option(envvar="AWAKEN_URL", help="The site's URL.")] = None,
-    token: Annotated[str | None, typer.Option(envvar="AWAKEN_TOKEN",
-                                              help="An API token.")] = None,
+    url: Annotated[str | None, typer.Option(envvar="AWAKEN_URL", help=URL_HELP)] = None,
+    token: Annotated[str | None, typer.Option(envvar="AWAKEN_TOKEN", help=TOKEN_HELP)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ):
-    settings.url, settings.token = url, token
+    settings.url, settings.token, settings.as_json = url, token, as_json
+
+
+GLOBAL_OPTIONS = [
+    inspect.Parameter("url", inspect.Parameter.KEYWORD_ONLY, default=None,
+                      annotation=Annotated[str | None, typer.Option("--url", help=URL_HELP)]),
+    inspect.Parameter("token", inspect.Parameter.KEYWORD_ONLY, default=None,
+                      annotation=Annotated[str | None, typer.Option("--token",
+                                                                    help=TOKEN_HELP)]),
+    inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False,
+                      annotation=Annotated[bool, typer.Option("--json", help=JSON_HELP)]),
+]
+
+
+def taking_global_options(command):
+    """``command`` taking ``--url``, ``--token`` and ``--json`` after its name too: given
+    there, each wins over what came before the command (and over the environment, which
+    only the top reads)."""
+    signature = inspect.signature(command, eval_str=True)
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        for option in GLOBAL_OPTIONS:
+            value = kwargs.pop(option.name)
+            if value:
+                setattr(settings, option.name, value)
+        return command(*args, **kwargs)
+
+    wrapper.__signature__ = signature.replace(
+        parameters=[*signature.parameters.values(), *GLOBAL_OPTIONS])
+    wrapper.__annotations__ = {
+        **{name: p.annotation for name, p in signature.parameters.items()},
+        **{option.name: option.annotation for option in GLOBAL_OPTIONS}}
+    return wrapper
 
 
 def client() -> Client:
@@ -83,8 +119,8 @@ def client() -> Client:
     return Client(url, token=settings.token or config.get("token"), source="cli")
 
 
-def emit(data, as_json: bool, text=None) -> None:
-    if as_json:
+def emit(data, text=None) -> None:
+    if settings.as_json:
         out.print_json(json.dumps(data))
     elif text is not None:
         text(data)
@@ -154,32 +190,31 @@ def runs_ls(
     agent: Annotated[str | None, typer.Option()] = None,
     q: Annotated[str | None, typer.Option(help="Search: id prefix, thread or agent.")] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many.")] = 20,
-    as_json: Json = False,
 ):
     """The runs, newest first."""
     with client() as awaken:
         runs = list(awaken.runs.list(state=state, agent=agent, q=q, limit=limit))
-    emit(runs, as_json, run_table)
+    emit(runs, run_table)
 
 
 @runs_app.command("show")
-def runs_show(run_id: str, as_json: Json = False):
+def runs_show(run_id: str):
     """One run."""
     with client() as awaken:
-        emit(awaken.runs.get(run_id), as_json, show_run)
+        emit(awaken.runs.get(run_id), show_run)
 
 
 @runs_app.command("tail")
-def runs_tail(run_id: Annotated[str | None, typer.Argument()] = None, as_json: Json = False):
+def runs_tail(run_id: Annotated[str | None, typer.Argument()] = None):
     """Follow one run (until it ends) or every run (until Ctrl-C), live."""
     with client() as awaken:
-        status = None if as_json or not err.is_terminal else err.status("following…")
+        status = None if settings.as_json or not err.is_terminal else err.status("following…")
         if status is not None:
             status.start()
         try:
             for message in awaken.runs.stream(run_id):
                 runs = message.get("runs") or [message["run"]]
-                if as_json:
+                if settings.as_json:
                     print(json.dumps(message), flush=True)
                 else:
                     for run in runs:
@@ -200,47 +235,44 @@ def runs_tail(run_id: Annotated[str | None, typer.Argument()] = None, as_json: J
 def runs_create(
     agent: str,
     input: Annotated[str | None, typer.Option("--input", help="The input, JSON.")] = None,
-    as_json: Json = False,
 ):
     """Create a run."""
     body = parse_json(input, "--input")
     with client() as awaken:
-        emit(awaken.runs.create(agent, input=body), as_json, show_run)
+        emit(awaken.runs.create(agent, input=body), show_run)
 
 
-def control_each(run_ids: list[str], as_json: bool, act) -> None:
+def control_each(run_ids: list[str], act) -> None:
     with client() as awaken:
         answers = [act(awaken, run_id) for run_id in run_ids]
-    emit(answers if len(answers) > 1 else answers[0], as_json,
+    emit(answers if len(answers) > 1 else answers[0],
          lambda _: [show_run(run) for run in answers])
 
 
 @runs_app.command("cancel")
 def runs_cancel(run_ids: list[str],
-                reason: Annotated[str | None, typer.Option()] = None, as_json: Json = False):
+                reason: Annotated[str | None, typer.Option()] = None):
     """Cancel runs."""
-    control_each(run_ids, as_json, lambda a, r: a.runs.cancel(r, reason=reason))
+    control_each(run_ids, lambda a, r: a.runs.cancel(r, reason=reason))
 
 
 @runs_app.command("stop")
-def runs_stop(run_ids: list[str], reason: Annotated[str, typer.Option(help="Why (required).")],
-              as_json: Json = False):
+def runs_stop(run_ids: list[str], reason: Annotated[str, typer.Option(help="Why (required).")]):
     """Stop runs, with a reason."""
-    control_each(run_ids, as_json, lambda a, r: a.runs.stop(r, reason=reason))
+    control_each(run_ids, lambda a, r: a.runs.stop(r, reason=reason))
 
 
 @runs_app.command("pause")
-def runs_pause(run_ids: list[str], as_json: Json = False):
+def runs_pause(run_ids: list[str]):
     """Pause runs at their next step boundary."""
-    control_each(run_ids, as_json, lambda a, r: a.runs.pause(r))
+    control_each(run_ids, lambda a, r: a.runs.pause(r))
 
 
 @runs_app.command("resume")
 def runs_resume(run_ids: list[str],
                 ticket: Annotated[str | None, typer.Option(
                     help="The ticket (default: each run's open one).")] = None,
-                input: Annotated[str | None, typer.Option("--input", help="JSON.")] = None,
-                as_json: Json = False):
+                input: Annotated[str | None, typer.Option("--input", help="JSON.")] = None):
     """Resume awaiting runs."""
     body = parse_json(input, "--input")
 
@@ -248,22 +280,22 @@ def runs_resume(run_ids: list[str],
         chosen = ticket or ((awaken.runs.get(run_id).get("ticket") or {}).get("id") or "")
         return awaken.runs.resume(run_id, ticket=chosen, input=body)
 
-    control_each(run_ids, as_json, resume)
+    control_each(run_ids, resume)
 
 
 # --- bulk -----------------------------------------------------------------------------------
 
 
-def bulk(action: str, filter_text: str, reason: str | None, dry_run: bool, as_json: bool):
+def bulk(action: str, filter_text: str, reason: str | None, dry_run: bool):
     criteria = parse_filter(filter_text)
     with client() as awaken:
         preview = awaken.bulk.preview(filter=criteria)
         if dry_run:
-            emit(preview, as_json, lambda p: out.print(
+            emit(preview, lambda p: out.print(
                 f"{p['total']} runs selected, {p['live']} not ended; nothing started"))
             return
         job = awaken.bulk.create(action, filter=criteria, reason=reason)
-        show = not as_json and err.is_terminal
+        show = not settings.as_json and err.is_terminal
         with Progress(TextColumn(f"{action}"), BarColumn(), MofNCompleteColumn(),
                       console=err, disable=not show) as progress:
             bar = progress.add_task(action, total=job["total"] or 1)
@@ -272,7 +304,7 @@ def bulk(action: str, filter_text: str, reason: str | None, dry_run: bool, as_js
                 time.sleep(0.3)
                 job = awaken.bulk.get(job["id"])
             progress.update(bar, total=job["total"] or 1, completed=job["done"])
-    emit(job, as_json, lambda j: out.print(
+    emit(job, lambda j: out.print(
         f"job {j['id']}: {j['state']}; {j['applied']} applied, {j['unchanged']} unchanged, "
         f"{j['refused']} refused of {j['total']}"))
 
@@ -285,28 +317,26 @@ FilterOption = Annotated[str, typer.Option(
 def bulk_cancel(filter_text: FilterOption,
                 reason: Annotated[str | None, typer.Option()] = None,
                 dry_run: Annotated[bool, typer.Option("--dry-run", help=(
-                    "Print how many runs it would take; start nothing."))] = False,
-                as_json: Json = False):
+                    "Print how many runs it would take; start nothing."))] = False):
     """Cancel every run the filter selects."""
-    bulk("cancel", filter_text, reason, dry_run, as_json)
+    bulk("cancel", filter_text, reason, dry_run)
 
 
 @bulk_app.command("stop")
 def bulk_stop(filter_text: FilterOption,
               reason: Annotated[str | None, typer.Option(help="Why (required).")] = None,
-              dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
-              as_json: Json = False):
+              dry_run: Annotated[bool, typer.Option("--dry-run")] = False):
     """Stop every run the filter selects."""
     if not reason and not dry_run:
         raise typer.BadParameter("a stop needs a reason", param_hint="--reason")
-    bulk("stop", filter_text, reason, dry_run, as_json)
+    bulk("stop", filter_text, reason, dry_run)
 
 
 # --- workers and login ----------------------------------------------------------------------
 
 
 @workers_app.command("ls")
-def workers_ls(as_json: Json = False):
+def workers_ls():
     """The workers, alive or not."""
     def table(workers):
         grid = Table(box=None)
@@ -318,11 +348,11 @@ def workers_ls(as_json: Json = False):
         out.print(grid)
 
     with client() as awaken:
-        emit(awaken.workers.list(), as_json, table)
+        emit(awaken.workers.list(), table)
 
 
 @app.command("login")
-def login(as_json: Json = False):
+def login():
     """Check the URL and token and save them in the config file (mode 0600)."""
     url = settings.url or typer.prompt("URL")
     token = settings.token or typer.prompt("Token", hide_input=True)
@@ -334,8 +364,13 @@ def login(as_json: Json = False):
     with os.fdopen(descriptor, "w") as file:
         os.fchmod(file.fileno(), 0o600)
         json.dump({"url": url, "token": token}, file)
-    emit({"url": url, "config": str(path)}, as_json,
+    emit({"url": url, "config": str(path)},
          lambda d: out.print(f"Logged in to {d['url']}; saved in {d['config']}"))
+
+
+for commands in (app, runs_app, bulk_app, workers_app):
+    for info in commands.registered_commands:
+        info.callback = taking_global_options(info.callback)
 
 
 def main(argv: list[str] | None = None) -> int:

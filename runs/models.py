@@ -167,6 +167,10 @@ class Run(models.Model):
     request_fingerprint = models.CharField(
         max_length=64, blank=True, help_text="Hash of the create request, for key replays."
     )
+    traceparent = models.CharField(
+        max_length=55, blank=True, default="",
+        help_text="The W3C trace context of the request that created the run, when traces "
+                  "are on: its attempts' spans are its children.")
 
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -644,7 +648,8 @@ class MetricDelta(models.Model):
     ``path|bucket`` (the index of the first bound of ``STOP_BUCKETS`` the time is within,
     their count if none) and ``stop_sum`` / ``path`` (seconds); and, written by the finish
     boundary with each stop receipt, ``receipts``, ``late_tokens``, ``tools_in_flight`` and
-    ``tools_refused`` / ``""``."""
+    ``tools_refused`` / ``""``; and, with each failed webhook attempt,
+    ``webhook_failures`` / ``retry`` or ``gave_up``."""
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=16)

@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 
 AWAKEN = shutil.which("awaken", path=str(Path(sys.executable).parent))
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def awaken(embedded_site, tmp_path):
     """``awaken(*args)``: the command's exit status, stdout and stderr, configured by the
-    environment (or, with ``env=False``, by the config file alone)."""
+    environment (or, with ``env=False``, by the config file alone). It runs the console
+    script's ``main`` of this checkout."""
     config = tmp_path / "awaken.json"
 
     def run(*args, env=True, stdin=None):
@@ -27,8 +29,9 @@ def awaken(embedded_site, tmp_path):
         environment.update(AWAKEN_CONFIG=str(config), COLUMNS="200")
         if env:
             environment.update(AWAKEN_URL=embedded_site.base, AWAKEN_TOKEN=embedded_site.token)
-        done = subprocess.run([AWAKEN, *args], env=environment, input=stdin,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run([sys.executable, "-m", "runs.cli", *args], cwd=ROOT,
+                              env=environment, input=stdin, capture_output=True, text=True,
+                              timeout=60)
         return done.returncode, done.stdout, done.stderr
 
     run.config = config
@@ -114,3 +117,28 @@ def test_login_writes_a_private_config_file_used_afterwards(awaken, embedded_sit
     assert json.loads(awaken.config.read_text())["url"] == embedded_site.base
     code, out, _ = awaken("runs", "ls", "--limit", "1", "--json", env=False)
     assert code == 0 and isinstance(json.loads(out), list)
+
+
+def test_the_global_options_go_before_or_after_the_command(awaken, embedded_site):
+    code, out, _ = awaken("--json", "runs", "create", "demo.steps", "--input",
+                          '{"steps": 1, "step_seconds": 0.01}')
+    assert code == 0
+    run = json.loads(out)
+    site = ["--url", embedded_site.base, "--token", embedded_site.token]
+    for args in ([*site, "--json", "runs", "show", run["id"]],
+                 ["runs", "show", run["id"], *site, "--json"],
+                 ["--url", embedded_site.base, "runs", "show", "--json", run["id"],
+                  "--token", embedded_site.token]):
+        code, out, err = awaken(*args, env=False)  # no environment, no config file
+        assert code == 0, (args, err)
+        assert json.loads(out)["id"] == run["id"]
+    code, out, _ = awaken("runs", "show", run["id"], *site, env=False)
+    assert code == 0 and out.startswith(run["id"])  # text without --json
+    # Given after the command, an option wins over the same one before it and over the
+    # environment (AWAKEN_URL and AWAKEN_TOKEN are set here).
+    assert awaken("--url", embedded_site.base, "runs", "ls", "--url",
+                  "http://127.0.0.1:9")[0] == 3
+    assert awaken("runs", "ls", "--url", "http://127.0.0.1:9")[0] == 3
+    code, _, err = awaken("workers", "ls", "--token", "wrong")
+    assert code == 1 and "authentication_failed" in err
+    assert awaken("runs", "ls", "--url")[0] == 2  # an option without its value

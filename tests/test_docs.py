@@ -102,5 +102,7 @@ def test_configuration_is_one_table_of_every_setting():
     read = set(re.findall(r'(?:getenv|envbool|envnumber|envlist)\(\s*"([A-Z_0-9]+)"', settings))
     # A renamed setting's old name, still read for a release.
     read |= set(re.findall(r'envrenamed\(\s*"[A-Z_0-9]+",\s*"([A-Z_0-9]+)"', settings))
+    # The standard OpenTelemetry settings, read where traces are set up.
+    read |= set(re.findall(r'"(OTEL_[A-Z_0-9]+)"', (ROOT / "runs/telemetry.py").read_text()))
     assert read - documented == set(), "settings read but not in the README's table"
     assert documented - read == set(), "in the README's table but read by no setting"

@@ -11,11 +11,13 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
+from runs import telemetry
 from runs.domain import activity, limits, outside, sql
 from runs.domain.approvals import decision_of
 from runs.domain.catalogue import CATALOGUE
 from runs.domain.core import (
     Ending,
+    after_commit,
     dispatch_after_commit,
     finish,
     locked_run,
@@ -189,6 +191,7 @@ def _new_run(*, agent: str, input: dict | None = None, thread_id: str | None = N
         created_by=created_by,
         request_fingerprint=_fingerprint(agent, input, thread_id, parent_id, budget,
                                          start_after),
+        traceparent=telemetry.traceparent(),
         **budget,
     )
     run.thread_id = thread_id or (parent.thread_id if parent else str(run.id))
@@ -306,7 +309,16 @@ def _request_end(*, run_id, action, reason, stop_code, actor, source) -> Control
             return ControlResult(run, "live", intent)
         finish(run, Ending.from_intent(intent), actor=actor, source=source,
                via=AppliedVia.DURABLE)
+        _traced_control(run, action, actor=actor, source=source, reason=reason)
         return ControlResult(run, "durable", intent)
+
+
+def _traced_control(run: Run, action: str, **details) -> None:
+    """A control action that no live attempt takes, traced once it commits (when traces
+    are on): a span of its own in the run's trace."""
+    if telemetry.enabled():
+        after_commit(telemetry.control, run_id=run.id, traceparent=run.traceparent,
+                     action=action, **details)
 
 
 LIVE_COMMANDS = ("cancel", "pause", "wake", "message")
@@ -400,6 +412,7 @@ def run_resume(*, run_id, ticket_id, input=None, actor: str, source: str) -> Run
                    key: getattr(run, key) for key in changed if key in limits.BUDGET_KEYS}}
                    if set(changed) & set(limits.BUDGET_KEYS) else {})})
         dispatch_after_commit(run)
+        _traced_control(run, "resume", actor=actor, source=source, reason=ticket.reason)
     return run
 
 

@@ -85,7 +85,7 @@ def pending_request(*, run_id) -> ControlIntent | None:
     host checks before it lets a tool start (a request can commit before its live signal
     reaches the attempt). Read through the partial index of pending requests."""
     return (ControlIntent.objects.filter(run_id=run_id, applied_at__isnull=True)
-            .only("requested_by", "source", "requested_at").first())
+            .only("action", "reason", "requested_by", "source", "requested_at").first())
 
 
 # The orders of the run list: a sort name, ``-`` first for descending, and its column.
@@ -360,6 +360,8 @@ class AttemptView:
     max_repeats: int | None = None
     on_exhausted: str = "stop"
     repeats: dict | None = None  # committed tool calls by digest (counted with max_repeats)
+    thread_id: str = ""
+    traceparent: str = ""  # the trace context of the request that created the run
 
 
 def attempt_view(*, run: Run, generation: int) -> AttemptView:
@@ -385,6 +387,7 @@ def attempt_view(*, run: Run, generation: int) -> AttemptView:
         seconds_used=run.seconds_used, max_steps=run.max_steps, max_seconds=run.max_seconds,
         max_tokens=run.max_tokens, cost_usd=run.cost_usd, max_cost_usd=run.max_cost_usd,
         max_repeats=run.max_repeats, on_exhausted=run.on_exhausted, repeats=run.repeats or {},
+        thread_id=run.thread_id, traceparent=run.traceparent,
     )
 
 

@@ -13,6 +13,7 @@ from django.db.models import Count, Max, Sum
 from runs.domain.overview import STOP_BUCKETS
 from runs.domain.receipts import RECEIPT_TOTALS
 from runs.domain.sql import quoted
+from runs.domain.webhooks import WEBHOOK_FAILURES
 from runs.models import MetricDelta
 
 FOLD_AFTER = 200
@@ -53,7 +54,8 @@ def totals() -> dict:
     expired; ``time_to_stop``: per path its ``count``, ``sum`` (seconds) and cumulative
     ``buckets`` (``[(bound, count), ...]``, the last ``+Inf``), as
     ``overview.time_to_stop`` gives them; ``receipts``: the stop receipts written and what
-    they add up to (``receipts.RECEIPT_TOTALS``)."""
+    they add up to (``receipts.RECEIPT_TOTALS``); ``webhook_failures``: failed webhook
+    attempts, by ``retry`` and ``gave_up`` (``webhooks.attempt_recorded``)."""
     rows = list(MetricDelta.objects.values_list("name", "key")
                 .annotate(total=Sum("value"), n=Count("id"))
                 .values_list("name", "key", "total", "n").order_by())
@@ -61,6 +63,7 @@ def totals() -> dict:
         fold()
     runs, lost, stop, sums = {}, 0, {}, {}
     receipts = dict.fromkeys(RECEIPT_TOTALS, 0)
+    webhook_failures = {"retry": 0, "gave_up": 0}
     for name, key, value, _ in rows:
         if name == "runs":
             state, _, end_cause = key.partition("|")
@@ -76,6 +79,8 @@ def totals() -> dict:
             sums[key] = sums.get(key, 0.0) + value
         elif name in receipts:
             receipts[name] += round(value)
+        elif name == WEBHOOK_FAILURES:
+            webhook_failures[key] = webhook_failures.get(key, 0) + round(value)
     time_to_stop = []
     for path in sorted(stop):
         counts, cumulative, buckets = stop[path], 0, []
@@ -87,4 +92,5 @@ def totals() -> dict:
         buckets.append(("+Inf", sum(counts)))
         time_to_stop.append({"path": path, "count": sum(counts), "sum": sums.get(path, 0.0),
                              "buckets": buckets})
-    return {"runs": runs, "lost": lost, "time_to_stop": time_to_stop, "receipts": receipts}
+    return {"runs": runs, "lost": lost, "time_to_stop": time_to_stop, "receipts": receipts,
+            "webhook_failures": webhook_failures}

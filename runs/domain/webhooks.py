@@ -21,9 +21,18 @@ from django.utils import timezone
 
 from runs.domain import sql
 from runs.domain.errors import InvalidRequest, ServiceError
-from runs.models import DeliveryState, WebhookDelivery, WebhookEndpoint, WebhookEvent
+from runs.models import (
+    DeliveryState,
+    MetricDelta,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEvent,
+)
 
 SECRET_PREFIX = "whsec_"
+# The /metrics total of failed attempts (MetricDelta name), keyed ``retry`` (tried again
+# later) or ``gave_up`` (the delivery is failed).
+WEBHOOK_FAILURES = "webhook_failures"
 BACKOFF = (5, 30, 120, 300, 900, 1800, 3600)  # seconds before attempt 2, 3, ...; then hourly
 
 
@@ -168,5 +177,9 @@ def attempt_recorded(*, delivery_id, status: int | None, error: str = "") -> Web
             if (delivery.next_attempt_at - delivery.created_at).total_seconds() > \
                     settings.AWAKEN_WEBHOOK_RETRY_SECONDS:
                 delivery.state = DeliveryState.FAILED
+            # Counted for /metrics (runs.domain.totals) in the same transaction.
+            MetricDelta.objects.create(
+                name=WEBHOOK_FAILURES, value=1,
+                key="gave_up" if delivery.state == DeliveryState.FAILED else "retry")
         delivery.save()
     return delivery

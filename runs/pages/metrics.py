@@ -1,5 +1,10 @@
 """Prometheus metrics of stop health, served at /metrics.
 
+They reveal agent names and volumes, so a scrape needs an API key (of a viewer or an
+operator, as the REST API) or a session, or comes from an address of
+``AWAKEN_METRICS_ALLOWED_ADDRESSES`` (this host by default); ``AWAKEN_METRICS_PUBLIC``
+serves them to anyone.
+
 What the database knows (runs by state, pending intents, time to stop by path, lease
 expiries) is read at scrape time, so every web process reports the same, whole-system
 figures. The totals are kept by the database as changes commit (``runs.domain.totals``),
@@ -7,15 +12,56 @@ so a scrape costs the same with a thousand runs or a million. What happens insid
 process (NotActive answers, ``runs.workers.dispatch``) is counted by that process.
 """
 
+import ipaddress
 from datetime import timedelta
 
 from django.conf import settings
+from django.http import HttpResponse
 from django.utils import timezone
-from prometheus_client import REGISTRY
+from drf_spectacular.utils import extend_schema
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from rest_framework.permissions import BasePermission
+from rest_framework.views import APIView
 
+from runs.domain.roles import is_viewer
 from runs.domain.totals import totals
 from runs.models import ControlIntent, WorkerProcess
+
+
+def address_allowed(address: str | None) -> bool:
+    """Whether a client at ``address`` may scrape without a key."""
+    try:
+        client = ipaddress.ip_address(address or "")
+    except ValueError:
+        return False
+    client = getattr(client, "ipv4_mapped", None) or client  # ::ffff:127.0.0.1 is IPv4's
+    return any(client in network for network in settings.AWAKEN_METRICS_ALLOWED_ADDRESSES)
+
+
+class MayScrape(BasePermission):
+    message = ("/metrics needs an API key of a viewer or an operator, or a client address "
+               "in AWAKEN_METRICS_ALLOWED_ADDRESSES.")
+
+    def has_permission(self, request, view):
+        return (settings.AWAKEN_METRICS_PUBLIC
+                or address_allowed(request.META.get("REMOTE_ADDR"))
+                or is_viewer(request.user))
+
+
+@extend_schema(exclude=True)
+class MetricsView(APIView):
+    """Prometheus exposition, for scrapers. An unauthenticated scrape is 401 with the
+    API's error body (code ``not_authenticated``), a key without a role 403."""
+
+    permission_classes = [MayScrape]
+
+    def perform_authentication(self, request):
+        pass  # lazy: a public or allowed scrape is served whatever it sends
+
+    def get(self, request):
+        register()
+        return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
 
 
 class DatabaseCollector:
@@ -42,6 +88,14 @@ class DatabaseCollector:
             value=now["lost"])
 
         yield from self.receipts(now["receipts"])
+        failures = CounterMetricFamily(
+            "awaken_webhook_delivery_failures",
+            "Webhook attempts that failed (an answer other than 2xx, a timeout, a refused "
+            "connection), by what followed: retry (tried again later) or gave_up (the "
+            "delivery is marked failed).", labels=["result"])
+        for result, count in sorted(now["webhook_failures"].items()):
+            failures.add_metric([result], count)
+        yield failures
         yield from self.workers()
 
     def receipts(self, totals):

@@ -2,12 +2,11 @@
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import BadRequest, PermissionDenied
-from django.http import Http404, HttpResponse, JsonResponse
+from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.templatetags.static import static
 from django.utils import timezone
 from django.views.decorators.http import require_GET
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from runs.domain import activity, bulk, catalogue, limits, review, selectors
 from runs.domain.errors import InvalidRequest, RunNotFound, ServiceError
@@ -290,11 +289,7 @@ def favicon(request):
     return redirect(static("runs/favicon.svg"), permanent=True)
 
 
-@require_GET
-def metrics(request):
-    """Prometheus exposition, for scrapers (no user needed, like /healthz)."""
-    stop_metrics.register()
-    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+metrics = stop_metrics.MetricsView.as_view()
 
 
 @require_GET

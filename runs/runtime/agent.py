@@ -178,7 +178,9 @@ class Context:
                               "completion": int(completion_tokens or 0)}
         self._step_data.setdefault("replies", []).append(reply)
         self.record_activity("model", **({"at": at} if at else {}), text=model or "model",
-                             ms=ms, tokens=tokens, data=data)
+                             ms=ms, tokens=tokens, data={
+                                 **(data or {}),
+                                 **_token_split(prompt_tokens, completion_tokens)} or None)
 
     def model_name(self, name: str | None = None) -> str:
         """``name``, or the configured provider's default model (AWAKEN_PROVIDER_MODEL)."""
@@ -221,6 +223,9 @@ class Context:
         self.record_activity("model", at=at, text=reply.model or model or "model",
                        ms=reply.seconds * 1000, tokens=reply.tokens, data={
                            "finish_reason": reply.finish_reason, "tries": reply.tries,
+                           **(_token_split(reply.usage.prompt_tokens,
+                                           reply.usage.completion_tokens)
+                              if reply.usage is not None else {}),
                            **({"tools": [call.name for call in reply.tool_calls]}
                               if reply.tool_calls else {})})
         return reply
@@ -363,6 +368,7 @@ class Context:
         self._step_data.setdefault("tools", []).append(record)
         self.record_activity("tool", at=at, text=record["name"], ms=record["ms"], data={
             "ok": record["ok"], **({"error": record["error"]} if "error" in record else {}),
+            **({"call_id": record["call_id"]} if "call_id" in record else {}),
             **(data or {})})
 
     def inbox(self) -> list:
@@ -524,6 +530,13 @@ class Context:
 
 def _now():
     return datetime.now(UTC)
+
+
+def _token_split(input_tokens: int | None, output_tokens: int | None) -> dict:
+    """A model call's input and output tokens, as its activity entry records them."""
+    return {key: int(value) for key, value in (("input_tokens", input_tokens),
+                                               ("output_tokens", output_tokens))
+            if value is not None}
 
 
 def _json_safe(arguments):

@@ -123,13 +123,14 @@ class AttemptHost:
 
     def activity(self, ctx: Context, entry: dict) -> None:
         self.activity_log.add(entry)
+        self.entry.trace.activity(entry)  # a model or tool call is a span of the attempt's
 
     # --- child runs --------------------------------------------------------------------
 
     async def spawn(self, ctx: Context, agent: str, input: dict):
         return await self.executor.children.spawn(
             parent_id=ctx.run_id, parent_generation=ctx.generation, token=ctx.token,
-            agent=agent, input=input)
+            agent=agent, input=input, traceparent=self.entry.trace.traceparent)
 
     async def wait_children(self, ctx: Context) -> list[dict]:
         return await self.executor.children.wait(parent_id=ctx.run_id,

@@ -10,8 +10,9 @@ created. How many children one run may have is the domain's rule (``AWAKEN_MAX_C
 """
 
 import asyncio
+from functools import partial
 
-from runs import domain
+from runs import domain, telemetry
 from runs.domain import selectors
 
 
@@ -31,8 +32,9 @@ class Children:
         self._started: dict[tuple[str, int], list[tuple[object, asyncio.Task]]] = {}
 
     async def spawn(self, *, parent_id: str, parent_generation: int, token, agent: str,
-                    input: dict):
-        """Create a child run of ``agent`` and start its attempt; returns its run id.
+                    input: dict, traceparent: str = ""):
+        """Create a child run of ``agent`` and start its attempt; returns its run id. With
+        the ``traceparent`` of the parent's attempt, the child's attempt is traced under it.
 
         On the loop: the place is taken before the first await, so spawns at once never
         overfill the worker."""
@@ -41,8 +43,9 @@ class Children:
                                  "(AWAKEN_WORKER_CAPACITY): no child run can start.")
         self._starting += 1
         try:
-            child, _ = await self.db(domain.run_create, agent=agent, input=input,
-                                     parent_id=parent_id, source="worker", dispatch=False)
+            child, _ = await self.db(partial(telemetry.within, traceparent, domain.run_create),
+                                     agent=agent, input=input, parent_id=parent_id,
+                                     source="worker", dispatch=False)
             attempt = await self.db(domain.attempt_start, run_id=child.id, owner=self.owner,
                                     lease_seconds=self.lease_seconds)
             if attempt is not None:

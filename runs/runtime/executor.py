@@ -12,7 +12,9 @@ puts the parts together; each does one job in a module of its own:
 * ``children.Children``: child runs started by an attempt, in this process;
 * ``attempt_host.AttemptHost``: the host interface (``host.Host``) an attempt's context
   calls, one per attempt;
-* the provider client, shared by the attempts of the process, with its connections.
+* the provider client, shared by the attempts of the process, with its connections;
+* ``runs.telemetry``: each attempt's trace (its span, its model and tool calls, the
+  controls it took), a no-op while traces are off.
 """
 
 import asyncio
@@ -21,10 +23,11 @@ import os
 import socket
 import threading
 import traceback
+from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from runs import domain
+from runs import domain, telemetry
 from runs.domain import activity, selectors
 from runs.domain.catalogue import CATALOGUE
 from runs.domain.core import Ending
@@ -126,6 +129,10 @@ class Executor:
         if not self.registry.register(entry):
             log.warning("run %s: generation %s is stale here; not started", run_id, generation)
             return None
+        entry.trace = telemetry.attempt(
+            run_id=run_id, generation=generation, agent=view.agent, thread_id=view.thread_id,
+            traceparent=view.traceparent,
+            server=urlsplit(settings.AWAKEN_PROVIDER_BASE_URL or "").hostname)
         return entry
 
     # --- one attempt ---------------------------------------------------------------------
@@ -135,6 +142,7 @@ class Executor:
         db = self.worker_loop.db
         host = self.host_for(entry, view)
         timer = ctx = None
+        outcome, error_text = "completed", None
         try:
             ctx = Context(run_id=run_id, generation=generation, input=view.input,
                           state=view.agent_state, resume=view.resume, token=token, host=host,
@@ -152,22 +160,28 @@ class Executor:
             await db(domain.attempt_finish, run_id=run_id, generation=generation,
                      ending=Ending.completed(output), trace=ctx.stop_trace())
         except Interrupted as stop:
+            kind = stop.why.kind if stop.why else "command"
+            outcome = "interrupted" if kind in ("command", "parent") else kind
             try:
                 await self._interrupted(run_id, generation, stop.why, view,
-                                        trace=await self._trace(ctx))
+                                        trace=await self._trace(ctx), traced=entry.trace)
             except Exception:  # the lease expires and the sweeper applies what is pending
                 log.exception("run %s: could not record the end of attempt %s", run_id,
                               generation)
         except BudgetExceeded as budget:
+            outcome = "budget"
             await host.activity_log.flushed()
             await db(domain.attempt_budget_reached, run_id=run_id, generation=generation,
                      code=budget.code, reason=budget.reason, digest=budget.digest,
                      trace=await self._trace(ctx))
-        except (Paused, Fenced):
-            pass
+        except Paused:
+            outcome = "paused"
+        except Fenced:
+            outcome = "fenced"
         except Exception as error:
             log.info("run %s attempt %s failed", run_id, generation, exc_info=True)
-            summary = f"{type(error).__name__}: {error}"
+            summary = error_text = f"{type(error).__name__}: {error}"
+            outcome = "failed"
             if ctx is not None:  # the traceback goes to the activity log, before the end
                 ctx.record_activity("error", text=summary, data={
                     "traceback": traceback.format_exc()[-activity.TRACEBACK:]})
@@ -183,6 +197,7 @@ class Executor:
             await host.activity_log.flushed()
             self.children.forget(parent_id=run_id, parent_generation=generation)
             self.registry.unregister(run_id, generation)
+            entry.trace.end(outcome, error_text)
 
     SETTLE_SECONDS = 2.0  # what a stopped attempt waits for its calls to close, at most
 
@@ -194,10 +209,19 @@ class Executor:
         await ctx.meter.settled(self.SETTLE_SECONDS)
         return ctx.stop_trace()
 
-    async def _interrupted(self, run_id, generation, why: Why | None, view, *, trace=None):
+    async def _interrupted(self, run_id, generation, why: Why | None, view, *, trace=None,
+                           traced: telemetry.NoAttempt = telemetry.NO_ATTEMPT):
         db = self.worker_loop.db
         if why is None or why.kind == "fenced":
             return  # a fenced attempt commits nothing
+        if why.kind in ("command", "parent") and traced is not telemetry.NO_ATTEMPT:
+            # The control the attempt took, as requested (a cancel, or a stop and its
+            # reason); a live cancel with no request behind it in the name of its sender.
+            intent = await db(selectors.pending_request, run_id=run_id)
+            traced.control(intent.action if intent else "cancel",
+                           actor=intent.requested_by if intent else why.actor,
+                           source=intent.source if intent else why.source,
+                           reason=intent.reason if intent else None, at=why.at)
         if why.kind == "budget":
             await db(domain.attempt_budget_reached, run_id=run_id, generation=generation,
                      code=why.code, reason=why.detail, trace=trace)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from django.utils import timezone
 
+from runs import telemetry
 from runs.runtime.token import CancellationToken, Why
 
 
@@ -25,6 +26,7 @@ class Entry:
     pause_actor: str | None = None
     pause_source: str | None = None
     inbox: deque = field(default_factory=deque)  # InboxItem, oldest first
+    trace: telemetry.NoAttempt = telemetry.NO_ATTEMPT  # the attempt's trace, once it starts
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     INBOX_LIMIT = 1000  # items waiting at most; a full inbox takes no more
@@ -127,6 +129,9 @@ class Registry:
                 return None
         else:
             raise ValueError(f"unknown command {command!r}")
+        if command != "cancel":  # a cancel's trace names its request (Executor._interrupted)
+            entry.trace.control("deliver" if command == "message" else command, actor=actor,
+                                source=source)
         return entry
 
     def __len__(self) -> int:
