@@ -125,7 +125,7 @@ def test_webhook_attempts_that_fail_are_counted_until_the_delivery_gives_up(sett
     settings.AWAKEN_WEBHOOK_ALLOWED_HOSTS = ["hooks.example.com"]
     endpoint = webhooks.endpoint_create(url="https://hooks.example.com/in", events=["run.ended"],
                                         secret=None, created_by=make_user("olga", "operator"))
-    webhooks.enqueue("run.ended", {"id": "r"})
+    webhooks.enqueue("run.ended", lambda: {"id": "r"})
     delivery = WebhookDelivery.objects.get(endpoint=endpoint)
     webhooks.attempt_recorded(delivery_id=delivery.pk, status=500, error="HTTP 500")
     webhooks.attempt_recorded(delivery_id=delivery.pk, status=None, error="timed out")
