@@ -79,5 +79,6 @@ token: $(STAMP) var/secret_key
 	@SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py migrate --no-input -v 0
 	@SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py operator_token "$(NAME)" --create --role $(ROLE)
 
+ARGS ?=
 screenshot: $(STAMP) var/secret_key
-	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py screenshot
+	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py screenshot $(ARGS)
