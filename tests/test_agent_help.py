@@ -55,8 +55,13 @@ def test_the_form_ships_every_agents_description_and_example_and_shows_the_first
     assert json.loads(found["demo.email"]["example"])["to"] == "team@example.com"
 
 
+SHIPPED = ("demo.", "pydantic_ai.", "openai_agents.", "langgraph.", "example.")
+
+
 def test_every_shipped_agent_gives_an_example_and_a_description():
-    for agent in catalogue.described():
+    shipped = [agent for agent in catalogue.described() if agent["name"].startswith(SHIPPED)]
+    assert len(shipped) >= 13
+    for agent in shipped:
         assert agent["description"], agent["name"]
         assert isinstance(agent["example"], dict), agent["name"]
 

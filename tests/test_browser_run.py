@@ -312,6 +312,15 @@ def test_a_long_runs_page_shows_its_numbers_whole_on_a_phone_too(page, embedded_
             }).map(node => node.textContent)""")
         assert clipped == [], viewport
         assert "gen\u00a01" in page.text_content(".activity-log li[data-kind='step'] .figures")
+        if viewport == PHONE:  # the header: its name on one line, the rest on the next
+            tops = page.evaluate("""() => [...document.querySelectorAll('.run-head > *')]
+                .filter(n => n.checkVisibility()).map(n => [n.tagName,
+                  Math.round(n.getBoundingClientRect().top),
+                  Math.round(n.getBoundingClientRect().bottom)])""")
+            below = [(top + bottom) / 2 for tag, top, bottom in tops if tag != "H1"]
+            assert tops[0][0] == "H1" and min(t for tag, t, _ in tops if tag != "H1") >= (
+                tops[0][2]), tops
+            assert max(below) - min(below) <= 4, tops  # on one line, centred alike
         table = page.evaluate("""() => { const box = document.querySelector('table.attempts')
             .closest('.scroll'); return [box.scrollWidth, box.clientWidth]; }""")
         assert table[0] <= table[1], (viewport, table)

@@ -232,6 +232,7 @@ def test_a_range_from_since_to_until(viewer_client):
     ({"since": "2026-01-01T00:00:00Z", "until": "2026-01-01T00:00:30Z"}, "60 s"),
     ({"since": "2026-01-01T00:00:00Z", "window": "3600"}, "not both"),
     ({"since": "2026-01-01T00:00:00"}, "UTC offset"),
+    ({"since": "0001-01-01T00:00:00Z", "until": "0001-01-01T01:00:00Z"}, "no run is that old"),
 ])
 def test_a_bad_range_is_a_400_that_says_why(viewer_client, asked, words):
     response = viewer_client.get("/api/overview/", asked)

@@ -34,6 +34,7 @@ MAX_POINTS = 180  # a window longer than 180 minutes is drawn in coarser buckets
 MIN_WINDOW, MAX_WINDOW = 60, 7 * 86400
 SAMPLE_SECONDS = 60  # live runs by state are sampled once a minute
 SAMPLES_KEPT = timedelta(days=8)  # and kept a day longer than the longest range
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)  # a range reaches no further back
 
 
 def time_to_stop(*, since: datetime | None = None, until: datetime | None = None) -> list[dict]:
@@ -74,6 +75,10 @@ def time_range(*, window: int | None = None, since: datetime | None = None,
     Raises ``InvalidRequest`` for a range shorter than ``MIN_WINDOW`` or longer than
     ``MAX_WINDOW``, or for both a window and a start."""
     now = now or timezone.now()
+    for given, name in ((since, "since"), (until, "until")):
+        if given is not None and given < EARLIEST:
+            raise InvalidRequest(f"The range's {name} is before {EARLIEST.year}: no run is "
+                                 "that old.", field=name)
     if until is not None and until >= now:
         until = None
     if since is None:
