@@ -492,7 +492,7 @@ def test_the_overview_has_a_range_in_its_url_a_table_by_agent_and_a_live_history
         page.click('#range button[type="submit"]')
         page.wait_for_url(re.compile(r"since=2026-01-01T\d\d%3A00%3A00.*until="))
         page.wait_for_function(
-            "() => document.querySelector('[data-field=ended]').textContent === '0'")
+            "() => document.querySelector('[data-figure=ended]').textContent === '0'")
         assert "since=" in page.get_attribute('[data-field="api-link"]', "href")
         page.reload()
         page.wait_for_selector('#live[data-status="live"]')

@@ -55,8 +55,9 @@ class Site:
 
     def __init__(self, var_dir: Path):
         self.env = {key: value for key, value in os.environ.items() if key not in SHARED}
+        # The demo agents, as `make run` has them: the pictures start runs of them.
         self.env.update(AWAKEN_VAR_DIR=str(var_dir), SECRET_KEY=secrets.token_urlsafe(50),
-                        DEBUG="0")
+                        DEBUG="0", AWAKEN_DEMO_AGENTS="1")
         self.manage("migrate", "--no-input")
         self.manage("collectstatic", "--no-input")
         self.port = free_port()
