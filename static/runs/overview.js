@@ -42,11 +42,15 @@ function makeCharts() {
     axes: [axes(colors)[0], { ...axes(colors)[1], ...integer }],
   }, [[], [], []], node("throughput"));
 
+  // A short history (a site just started, samples just begun) is a few points on a wide
+  // axis: they are drawn as dots, which a line of two points would not show.
+  const sparse = (u, i) => u.data[i].filter((v) => v != null).length <= 12;
   charts.live = new uPlot({
     ...sized(node("live")),
     scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(4, (max ?? 0) + 1)] } },
     series: [{}, ...STATES.map((state) => ({ label: state, stroke: colors[state], width: 2,
-      value: (u, v) => (v == null ? "no sample" : v) }))],
+      points: { show: sparse, size: 6, fill: colors[state] },
+      value: (u, v, i, at) => (at == null ? "–" : v == null ? "no sample" : v) }))],
     axes: [axes(colors)[0], { ...axes(colors)[1], ...integer }],
   }, [[], [], [], []], node("live"));
 
