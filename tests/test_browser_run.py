@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from harness.processes import wait_until
+from harness.processes import EmbeddedSite, wait_until
 from tests.accessibility import serious_violations
 from tests.conftest import CHROMIUM
 from tests.test_browser import logged_in
@@ -325,6 +325,33 @@ def test_a_long_runs_page_shows_its_numbers_whole_on_a_phone_too(page, embedded_
             .closest('.scroll'); return [box.scrollWidth, box.clientWidth]; }""")
         assert table[0] <= table[1], (viewport, table)
         assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
+
+
+def test_the_activity_log_follows_new_entries_after_a_server_restart(browser, tmp_path):
+    """The page is reconnected after the restart; the panel's refresh and the entries
+    missed come at once, and the log still keeps to its newest entry."""
+    with EmbeddedSite(tmp_path, extra_env={"AWAKEN_LEASE_SECONDS": "3"}) as site:
+        site.wait_ready(60)
+        status, run = site.call("POST", "/api/runs/", {"agent": "demo.steps", "input": {
+            "steps": 2000, "step_seconds": 0.05}})
+        assert status == 201
+        page = logged_in(browser, site)
+        try:
+            page.goto(f"{site.base}{run['url']}")
+            page.wait_for_selector('#live[data-status="live"]')
+            at_end = """n => { const log = document.querySelector('.activity-log');
+                const last = Number(log.lastElementChild?.dataset.seq || 0);
+                return last > n && log.scrollHeight > log.clientHeight
+                  && log.scrollTop + log.clientHeight >= log.scrollHeight - 8; }"""
+            page.wait_for_function(at_end, arg=40, timeout=30_000)
+            before = page.evaluate(
+                "() => Number(document.querySelector('.activity-log').lastElementChild"
+                ".dataset.seq)")
+            site.restart().wait_ready(60)
+            # Entries written after the restart arrive, and the log is at its end.
+            page.wait_for_function(at_end, arg=before + 60, timeout=45_000)
+        finally:
+            page.close()
 
 
 def test_a_review_form_preselects_no_value_of_a_required_choice(browser, embedded_site):
