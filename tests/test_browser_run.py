@@ -211,7 +211,7 @@ def test_the_activity_log_grows_live_with_steps_calls_and_log_lines(page, embedd
     page.wait_for_selector('.activity-log li[data-kind="step"]')
     page.wait_for_selector('.activity-log li[data-kind="log"]:has-text("thinking about step")')
     model = page.locator('.activity-log li[data-kind="model"]').first
-    assert re.search(r"\d+ ms · 100 tokens", model.text_content())
+    assert re.search(r"\d+ ms · 100\stokens", model.text_content())  # kept on one line
     page.wait_for_selector('.now [data-field="progress"]:has-text("of 4")')
     page.wait_for_selector(f'{row}[data-end-cause="completed"]')
     page.wait_for_function("() => document.querySelectorAll"
