@@ -88,5 +88,6 @@ token: $(STAMP) var/secret_key
 
 ## Redraw the README's pictures of the console (docs/<page>-<size>.png) with Debian's
 ## chromium (the command starts an embedded site of its own, in a temporary directory).
+ARGS ?=
 screenshot: $(STAMP) var/secret_key
-	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py screenshot
+	SECRET_KEY=$$(cat var/secret_key) $(BIN)/python manage.py screenshot $(ARGS)

@@ -434,7 +434,9 @@ AWAKEN_WEBHOOK_TIMEOUT = envnumber("AWAKEN_WEBHOOK_TIMEOUT", "10", kind=float, m
 AWAKEN_WEBHOOK_RETRY_SECONDS = envnumber("AWAKEN_WEBHOOK_RETRY_SECONDS", "10800", kind=float,
                                          minimum=3600)
 
-CELERY_BROKER_URL = os.getenv("CELERY_BROKER_URL") or REDIS_URL or "memory://"
+# The in-memory broker names a host, which it ignores: without one kombu warns "No hostname
+# was supplied" at every start.
+CELERY_BROKER_URL = os.getenv("CELERY_BROKER_URL") or REDIS_URL or "memory://localhost/"
 CELERY_BROKER_TRANSPORT_OPTIONS = (
     # The memory transport polls once a second by default; control replies would wait for it.
     {"polling_interval": 0.005} if CELERY_BROKER_URL.startswith("memory")

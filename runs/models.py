@@ -319,8 +319,20 @@ class Attempt(models.Model):
     )
     owner = models.CharField(max_length=255, help_text="Worker hostname and pid.")
     lease_expires_at = models.DateTimeField()
+    renewed_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When its lease was last given or renewed (the database's clock): an "
+                  "attempt lost is charged running time up to then.")
     started_at = models.DateTimeField(auto_now_add=True)
     closed_at = models.DateTimeField(null=True, blank=True)
+
+    @property
+    def ran_until(self):
+        """When it last ran, as far as anyone knows: closed, or for one lost its last
+        renewal (the outage after it is not its running time)."""
+        if self.close_reason == CloseReason.LOST and self.renewed_at is not None:
+            return min(self.renewed_at, self.closed_at)
+        return self.closed_at
 
     class Meta:
         ordering = ["run", "generation"]
@@ -985,3 +997,21 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} → {self.endpoint_id} ({self.state})"
+
+
+class LiveSample(models.Model):
+    """Live runs by state at one minute, written by the sweeper's first pass of the minute
+    (``runs.domain.overview.record_live_sample``) and kept ``SAMPLES_KEPT``: the history of
+    the overview's "live runs by state", which no other row records (a run's timestamps
+    do not say when it waited in the queue or for input)."""
+
+    at = models.DateTimeField(unique=True, help_text="The minute sampled (its start, UTC).")
+    queued = models.PositiveIntegerField()
+    running = models.PositiveIntegerField()
+    awaiting = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["at"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M} q{self.queued} r{self.running} a{self.awaiting}"

@@ -179,7 +179,8 @@ def test_a_review_link_opened_in_a_browser_is_a_page_and_json_for_a_script(op_cl
     browser = Client().get(path, HTTP_ACCEPT="text/html,application/xhtml+xml,*/*;q=0.8")
     assert browser.status_code == 200 and browser["Content-Type"].startswith("text/html")
     page = browser.content.decode()
-    assert "&quot;question&quot;: &quot;Ship it?&quot;" in page and str(run.id) not in page
+    # The prompt as a field and its text, not as JSON.
+    assert "<dt>question</dt><dd>Ship it?</dd>" in page and str(run.id) not in page
     script = Client().get(path)
     assert script.json()["prompt"] == {"question": "Ship it?"}
     gone = Client().get("/review/not-a-token/", HTTP_ACCEPT="text/html")

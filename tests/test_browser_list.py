@@ -139,6 +139,52 @@ def test_starting_a_run_the_filter_hides_says_so(tab):
     assert page.get_attribute("#toast a", "href").startswith("/runs/")
 
 
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_picking_an_agent_shows_its_description_and_example_input(browser, embedded_site,
+                                                                  viewport):
+    tab = Tab(browser, embedded_site, viewport)
+    try:
+        page = tab.open("/")
+        page.evaluate("() => { document.querySelector('#new-run-box').open = true; }")
+        field = '#new-run [name="input"]'
+        shown = "#agent-help [data-agent-help]:not([hidden])"
+        assert page.get_attribute(shown, "data-agent-help") == "demo.steps"
+        assert '"steps": 5' in page.input_value(field)
+        page.select_option('#new-run [name="agent"]', "demo.email")
+        page.wait_for_selector('[data-agent-help="demo.email"]:not([hidden])')
+        assert page.locator(shown).count() == 1
+        assert "approve one send_email" in page.text_content(shown)
+        assert '"to": "team@example.com"' in page.input_value(field)  # its example replaced
+        assert page.is_visible(f'{shown} [data-action="use-example"]')
+        box = page.locator(shown).bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= viewport["width"]
+
+        # An input written by hand stays when another agent is picked; "Use it" puts the
+        # example back.
+        page.fill(field, '{"steps": 2}')
+        page.select_option('#new-run [name="agent"]', "demo.fail")
+        assert page.input_value(field) == '{"steps": 2}'
+        page.click(f'{shown} [data-action="use-example"]')
+        assert page.input_value(field) == '{"steps": 1}'
+
+        # A bad input: the server's words, gone once the input changes.
+        page.fill(field, "[1, 2]")
+        page.click('[data-action="create"]')
+        error = '#new-run [data-field="form-error"]'
+        page.wait_for_function(
+            "sel => document.querySelector(sel).textContent !== ''", arg=error)
+        text = page.text_content(error)
+        assert "must be a JSON object" in text and "not a list" in text
+        assert "dictionary" not in text.lower()
+        assert page.is_visible(error)
+        page.fill(field, '{"steps": 1}')
+        assert page.text_content(error) == ""
+        assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
+    finally:
+        tab.close()
+    assert [e for e in tab.errors if "status of 400" not in e] == []  # the refused start
+
+
 def test_times_are_live_and_show_the_local_time_with_its_zone(browser, embedded_site):
     tab = Tab(browser, embedded_site, timezone_id="Asia/Tokyo", locale="en-GB")
     try:
@@ -412,6 +458,61 @@ def test_the_overview_draws_charts_that_follow_the_figures(tab, embedded_site):
         }
         return seen.size === 2;
     }""", timeout=15_000)
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_the_overview_has_a_range_in_its_url_a_table_by_agent_and_a_live_history(
+        browser, embedded_site, viewport):
+    start(embedded_site, "demo.fail", {"steps": 1})
+    hung = start(embedded_site, "demo.hang")
+    wait_state(embedded_site, hung, "running")
+    tab = Tab(browser, embedded_site, viewport)
+    try:
+        page = tab.open("/overview/?window=604800")
+        assert page.input_value("#window") == "604800"
+        page.wait_for_selector('tr[data-agent="demo.hang"]')
+        row = page.locator('tr[data-agent="demo.hang"]')
+        assert int(row.locator('[data-label="running"]').text_content()) >= 1
+        assert "(per 56 min)" in page.text_content('[data-field="bucket"]')
+        assert page.get_attribute('[data-field="api-link"]', "href") == (
+            "/api/overview/?window=604800")
+        # The history of live runs by state is the sweeper's samples: there on opening.
+        history = page.evaluate("""async () => (await (await fetch(
+            '/api/overview/?window=3600')).json()).live_series""")
+        assert any(point["running"] is not None for point in history[:-1])
+        assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
+        box = row.bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= viewport["width"]
+
+        # A range of one's own: from and to, kept in the URL.
+        page.select_option("#window", "custom")
+        assert page.is_visible('#range [name="since"]')
+        page.fill('#range [name="since"]', "2026-01-01T10:00")
+        page.fill('#range [name="until"]', "2026-01-01T12:00")
+        page.click('#range button[type="submit"]')
+        page.wait_for_url(re.compile(r"since=2026-01-01T\d\d%3A00%3A00.*until="))
+        page.wait_for_function(
+            "() => document.querySelector('[data-figure=ended]').textContent === '0'")
+        assert "since=" in page.get_attribute('[data-field="api-link"]', "href")
+        page.reload()
+        page.wait_for_selector('#live[data-status="live"]')
+        assert page.input_value("#window") == "custom"
+        assert page.input_value('#range [name="since"]') == "2026-01-01T10:00"
+
+        # A range that ends before it starts: the server says so, and nothing else breaks.
+        page.fill('#range [name="until"]', "2026-01-01T09:00")
+        page.click('#range button[type="submit"]')
+        error = '#range [data-field="range-error"]'
+        page.wait_for_function("sel => document.querySelector(sel).textContent !== ''",
+                               arg=error)
+        assert "before its end" in page.text_content(error)
+        page.select_option("#window", "3600")
+        page.wait_for_function("sel => document.querySelector(sel).textContent === ''",
+                               arg=error)
+        page.wait_for_url(re.compile(r"window=3600$"))
+    finally:
+        tab.close()
+    assert [e for e in tab.errors if "status of 400" not in e] == []  # the refused range
 
 
 def test_a_bulk_cancel_of_selected_runs_shows_its_progress(tab, embedded_site):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from harness.processes import wait_until
+from harness.processes import EmbeddedSite, wait_until
 from tests.accessibility import serious_violations
 from tests.conftest import CHROMIUM
 from tests.test_browser import logged_in
@@ -110,11 +110,12 @@ def test_running_time_goes_on_while_the_run_runs(page, embedded_site):
     page.wait_for_selector(f'{row}[data-end-cause="stopped"]')
 
 
-def test_input_output_and_prompt_are_shown_as_json(page, embedded_site):
+def test_input_and_output_are_shown_as_json_and_the_prompt_as_fields(page, embedded_site):
     run_id, row = open_run(page, embedded_site, "demo.approval", {"steps_before": 1})
     page.wait_for_selector(f'{row}[data-state="awaiting"]')
-    page.wait_for_selector(".ask pre.prompt")
-    assert '"question": "Continue?"' in page.text_content(".ask pre.prompt")
+    page.wait_for_selector(".ask dl.prompt-fields")
+    assert page.text_content(".ask dl.prompt-fields dt") == "question"
+    assert page.text_content(".ask dl.prompt-fields dd") == "Continue?"
     assert '"steps_before": 1' in page.text_content(".io pre.json")
     assert "{'" not in page.text_content("#panel")
     page.click('[data-run-action="approve"]')
@@ -210,7 +211,7 @@ def test_the_activity_log_grows_live_with_steps_calls_and_log_lines(page, embedd
     page.wait_for_selector('.activity-log li[data-kind="step"]')
     page.wait_for_selector('.activity-log li[data-kind="log"]:has-text("thinking about step")')
     model = page.locator('.activity-log li[data-kind="model"]').first
-    assert re.search(r"\d+ ms · 100 tokens", model.text_content())
+    assert re.search(r"\d+ ms · 100\stokens", model.text_content())  # kept on one line
     page.wait_for_selector('.now [data-field="progress"]:has-text("of 4")')
     page.wait_for_selector(f'{row}[data-end-cause="completed"]')
     page.wait_for_function("() => document.querySelectorAll"
@@ -266,7 +267,9 @@ def test_a_review_link_lets_a_reviewer_without_an_account_answer(page, browser, 
     assert response.status == 410 and "withdrawn" in review.text_content(".review-page")
     assert review.locator("form").count() == 0
     review.goto(link)
-    assert '"question": "Continue?"' in review.text_content(".review-page pre.prompt")
+    # The prompt as fields a person reads, not JSON.
+    assert review.text_content(".review-page dl.prompt-fields dd") == "Continue?"
+    assert "{" not in review.text_content('[data-field="review-prompt"]')
     assert run_id not in review.content()  # nothing beyond the prompt
     assert review.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
     assert serious_violations(review) == []
@@ -278,6 +281,113 @@ def test_a_review_link_lets_a_reviewer_without_an_account_answer(page, browser, 
     page.wait_for_selector(f'{row}[data-end-cause="completed"]')
     page.wait_for_selector('.timeline li[data-kind="resumed"]'
                            ':has-text("by Rita Reviewer via Review link")')
+
+
+def test_a_long_runs_page_shows_its_numbers_whole_on_a_phone_too(page, embedded_site):
+    """A hundred and more timeline entries, figures of five digits, and a phone's width:
+    the timeline's numbers are not clipped, the activity rows show their "gen 1", and the
+    attempts table shows its Duration without a sideways scroll."""
+    run_id, row = open_run(page, embedded_site, "demo.steps",
+                           {"steps": 110, "step_seconds": 0.001, "tokens_per_step": 12345})
+    page.wait_for_selector(f'{row}[data-end-cause="completed"]', timeout=60_000)
+    page.reload()
+    page.wait_for_selector('#live[data-status="live"]')
+    for viewport in ({"width": 1280, "height": 800}, PHONE):
+        page.set_viewport_size(viewport)
+        room, needed, count = page.evaluate("""() => {
+            const list = document.querySelector('.timeline');
+            const items = list.querySelectorAll(':scope > li');
+            const marker = getComputedStyle(items[0], '::marker');
+            const pen = document.createElement('canvas').getContext('2d');
+            pen.font = `${marker.fontSize} ${marker.fontFamily}`;
+            return [parseFloat(getComputedStyle(list).paddingLeft),
+                    pen.measureText(`${items.length}. `).width, items.length];
+        }""")
+        assert count >= 100 and needed <= room, (viewport, count, needed, room)
+        clipped = page.evaluate("""() => [...document.querySelectorAll(
+            '.activity-log li:not(.empty) .figures')].filter(node => {
+              const box = node.getBoundingClientRect();
+              const log = node.closest('.activity-log').getBoundingClientRect();
+              return node.scrollWidth > node.clientWidth + 1 || box.right > log.right + 1;
+            }).map(node => node.textContent)""")
+        assert clipped == [], viewport
+        assert "gen\u00a01" in page.text_content(".activity-log li[data-kind='step'] .figures")
+        if viewport == PHONE:  # the header: its name on one line, the rest on the next
+            tops = page.evaluate("""() => [...document.querySelectorAll('.run-head > *')]
+                .filter(n => n.checkVisibility()).map(n => [n.tagName,
+                  Math.round(n.getBoundingClientRect().top),
+                  Math.round(n.getBoundingClientRect().bottom)])""")
+            below = [(top + bottom) / 2 for tag, top, bottom in tops if tag != "H1"]
+            assert tops[0][0] == "H1" and min(t for tag, t, _ in tops if tag != "H1") >= (
+                tops[0][2]), tops
+            assert max(below) - min(below) <= 4, tops  # on one line, centred alike
+        table = page.evaluate("""() => { const box = document.querySelector('table.attempts')
+            .closest('.scroll'); return [box.scrollWidth, box.clientWidth]; }""")
+        assert table[0] <= table[1], (viewport, table)
+        assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
+
+
+def test_the_activity_log_follows_new_entries_after_a_server_restart(browser, tmp_path):
+    """The page is reconnected after the restart; the panel's refresh and the entries
+    missed come at once, and the log still keeps to its newest entry."""
+    with EmbeddedSite(tmp_path, extra_env={"AWAKEN_LEASE_SECONDS": "3"}) as site:
+        site.wait_ready(60)
+        status, run = site.call("POST", "/api/runs/", {"agent": "demo.steps", "input": {
+            "steps": 2000, "step_seconds": 0.05}})
+        assert status == 201
+        page = logged_in(browser, site)
+        try:
+            page.goto(f"{site.base}{run['url']}")
+            page.wait_for_selector('#live[data-status="live"]')
+            at_end = """n => { const log = document.querySelector('.activity-log');
+                const last = Number(log.lastElementChild?.dataset.seq || 0);
+                return last > n && log.scrollHeight > log.clientHeight
+                  && log.scrollTop + log.clientHeight >= log.scrollHeight - 8; }"""
+            page.wait_for_function(at_end, arg=40, timeout=30_000)
+            before = page.evaluate(
+                "() => Number(document.querySelector('.activity-log').lastElementChild"
+                ".dataset.seq)")
+            site.restart().wait_ready(60)
+            # Entries written after the restart arrive, and the log is at its end.
+            page.wait_for_function(at_end, arg=before + 60, timeout=45_000)
+        finally:
+            page.close()
+
+
+def test_a_review_form_preselects_no_value_of_a_required_choice(browser, embedded_site):
+    status, run = embedded_site.call("POST", "/api/runs/", {"agent": "demo.ask", "input": {}})
+    assert status == 201
+    wait_until(lambda: embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]["state"]
+               == "awaiting", 30, "the run to ask")
+    status, link = embedded_site.call("POST", f"/api/runs/{run['id']}/review-links/", {})
+    assert status == 201
+    reviewer = browser.new_context(viewport=PHONE)
+    try:
+        review = reviewer.new_page()
+        review.goto(link["url"] if link["url"].startswith("http")
+                    else f"{embedded_site.base}{link['url']}")
+        colour = '[name="schema:colour"]'
+        review.wait_for_selector(colour)
+        assert review.input_value(colour) == ""  # not "red", the first of the enum
+        assert review.eval_on_selector(colour, "s => s.selectedOptions[0].textContent") == (
+            "choose…")
+        assert review.text_content("dl.prompt-fields dd") == "Which colour, and how many?"
+        review.fill('[name="name"]', "Rita Reviewer")
+        review.fill('[name="schema:count"]', "2")
+        review.click('button[value="answer"]')
+        assert review.eval_on_selector(colour, "s => s.validity.valueMissing")
+        assert review.is_hidden("#review-done")
+        review.select_option(colour, label="green")
+        review.click('button[value="answer"]')
+        review.wait_for_selector("#review-done:not([hidden])")
+    finally:
+        reviewer.close()
+    def answered():
+        output = embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]["output"] or {}
+        return output.get("ordered")
+
+    ordered = wait_until(answered, 30, "the answer")
+    assert (ordered["colour"], ordered["count"]) == ("green", 2)
 
 
 def test_a_failure_shows_its_traceback_and_runs_again(page, embedded_site):

@@ -159,6 +159,41 @@ def test_a_renewal_after_the_sweep_reports_the_attempt_fenced():
     assert renewal.renewed == set()
 
 
+@pytest.mark.parametrize("ending", ["requeued", "applied", "failed"])
+def test_a_lost_attempt_is_charged_up_to_its_last_renewal_not_the_outage(ending):
+    """Its worker renewed 40 s after the claim and was not heard of again for half an hour:
+    the run has run 40 s, on its page and for its time budget alike."""
+    run, generation = running_run(budget={"max_seconds": 60})
+    claimed = timezone.now() - timedelta(minutes=30)
+    renewed = claimed + timedelta(seconds=40)
+    Run.objects.filter(pk=run.id).update(claimed_at=claimed)
+    Attempt.objects.filter(run=run, state="live").update(
+        started_at=claimed, renewed_at=renewed, lease_expires_at=renewed + timedelta(seconds=30))
+    if ending == "applied":
+        domain.run_cancel(run_id=run.id, actor="olga", source="api")
+    assert domain.attempt_expire(run_id=run.id, generation=generation,
+                                 max_crash_retries=0 if ending == "failed" else 3) == ending
+    run.refresh_from_db()
+    assert run.seconds_used == pytest.approx(40, abs=0.01)
+    lost = Attempt.objects.get(run=run, generation=generation)
+    assert lost.close_reason == "lost" and lost.closed_at > renewed + timedelta(minutes=20)
+    assert (lost.ran_until - lost.started_at).total_seconds() == pytest.approx(40, abs=0.01)
+    if ending == "requeued":  # the next attempt has the 20 s the budget leaves
+        again = domain.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=30)
+        view = selectors.attempt_view(run=Run.objects.get(pk=run.id),
+                                      generation=again.generation)
+        assert view.max_seconds - view.seconds_used == pytest.approx(20, abs=0.01)
+
+
+def test_a_renewal_records_when_it_renewed():
+    run, generation = running_run()
+    first = Attempt.objects.get(run=run).renewed_at
+    assert first is not None
+    Attempt.objects.filter(run=run).update(renewed_at=first - timedelta(minutes=1))
+    domain.attempt_renew(owner=OWNER, attempts=[(run.id, generation)], lease_seconds=30)
+    assert Attempt.objects.get(run=run).renewed_at >= first
+
+
 def test_a_renewed_lease_is_not_expired_by_a_sweep():
     run, generation = running_run()
     expire(run)

@@ -13,6 +13,11 @@ def test_first_start_creates_an_admin_operator(embedded_site):
     assert "Created operator 'admin' with password:" in embedded_site.log()
 
 
+def test_the_start_warns_of_no_broker_host_it_does_not_use(embedded_site):
+    """The in-memory broker names its host: kombu says nothing of "No hostname"."""
+    assert "No hostname was supplied" not in embedded_site.log()
+
+
 def test_a_run_completes(embedded_site):
     status, run = embedded_site.call("POST", "/api/runs/", {
         "agent": "demo.steps", "input": {"steps": 2, "step_seconds": 0.05}})

@@ -49,6 +49,7 @@ class Steps(Agent):
     """Steps through simulated inference calls, then completes with its output."""
 
     name = "demo.steps"
+    example = {"steps": 5, "step_seconds": 1.0, "tokens_per_step": 100}
 
     async def run(self, ctx):
         steps = int(ctx.input.get("steps", 5))
@@ -62,6 +63,7 @@ class Hang(Agent):
     """Its first inference never returns."""
 
     name = "demo.hang"
+    example = {}
 
     async def run(self, ctx):
         async with ctx.step():
@@ -73,6 +75,7 @@ class HangTool(Agent):
     """Calls a blocking (sync) tool that never returns."""
 
     name = "demo.hang_tool"
+    example = {}
 
     async def run(self, ctx):
         async with ctx.step():
@@ -84,6 +87,7 @@ class Late(Agent):
     """Its inference ignores cancellation and answers after ``late_seconds``."""
 
     name = "demo.late"
+    example = {"late_seconds": 2.0}
 
     async def run(self, ctx):
         async with ctx.step():
@@ -101,6 +105,7 @@ class Approval(Agent):
     """Asks for approval after ``steps_before`` steps; resume input ``{"approved": bool}``."""
 
     name = "demo.approval"
+    example = {"steps_before": 1, "steps_after": 1, "step_seconds": 0.2}
 
     async def run(self, ctx):
         seconds = float(ctx.input.get("step_seconds", 0.2))
@@ -126,6 +131,8 @@ class Email(Agent):
     """
 
     name = "demo.email"
+    example = {"to": "team@example.com", "body": "The weekly report is ready.",
+               "steps_before": 1}
 
     async def run(self, ctx):
         seconds = float(ctx.input.get("step_seconds", 0.1))
@@ -163,6 +170,7 @@ class Assistant(Agent):
     """
 
     name = "demo.assistant"
+    example = {"prompt": "Email team@example.com that the report is ready."}
 
     async def run(self, ctx):
         sent = ctx.state.setdefault("sent", [])
@@ -197,6 +205,7 @@ class Ask(Agent):
     other), then returns it."""
 
     name = "demo.ask"
+    example = {}
 
     async def run(self, ctx):
         answer = await ctx.wait_for_input(
@@ -211,6 +220,7 @@ class Fail(Agent):
     """Raises after its steps."""
 
     name = "demo.fail"
+    example = {"steps": 1}
 
     async def run(self, ctx):
         steps = int(ctx.input.get("steps", 1))
@@ -223,6 +233,7 @@ class Parent(Agent):
     """Starts child runs in-process and waits for all of them."""
 
     name = "demo.parent"
+    example = {"children": 2, "child_agent": "demo.steps", "child_input": {"steps": 3}}
 
     async def run(self, ctx):
         count = int(ctx.input.get("children", 2))
@@ -247,6 +258,7 @@ class Inbox(Agent):
     completes when a message equals ``until``, with every message received."""
 
     name = "demo.inbox"
+    example = {"until": {"done": True}}
 
     async def run(self, ctx):
         until = ctx.input.get("until", {"done": True})
@@ -267,6 +279,7 @@ class Chat(Agent):
     """
 
     name = "demo.chat"
+    example = {"prompts": ["Hello!", "What can you do?"]}
 
     async def run(self, ctx):
         prompts = ctx.input.get("prompts") or [ctx.input.get("prompt") or "Hello!"]
@@ -330,6 +343,7 @@ class Research(Agent):
     """
 
     name = "demo.research"
+    example = {"question": "How does a cancel stop a model call?"}
 
     async def run(self, ctx):
         question = ctx.input.get("question") or "How does a cancel stop a model call?"

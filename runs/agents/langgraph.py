@@ -89,13 +89,16 @@ def inbox() -> list:
     return _ctx().inbox()
 
 
-def wrap(graph, *, name: str, input=None, output=None) -> type:
+def wrap(graph, *, name: str, input=None, output=None, description: str = "",
+         example: dict | None = None) -> type:
     """Register ``graph`` (a ``StateGraph``, or a function that makes one) as the awaken
     agent ``name``. ``input(run_input) -> graph input`` (default: the run's input as is);
-    ``output(last_state) -> JSON`` (default: the last state)."""
+    ``output(last_state) -> JSON`` (default: the last state); ``description`` and
+    ``example`` as in ``runs.agents.pydantic_ai.wrap``."""
 
     return wrapped(LangGraphAgent, graph, name=name, ready=lambda made: hasattr(made, "compile"),
-                   prefix="LangGraph", graph_input=input, output=output)
+                   prefix="LangGraph", description=description, example=example,
+                   graph_input=input, output=output)
 
 
 class LangGraphAgent(FrameworkAgent):
@@ -307,6 +310,9 @@ def _chat_graph():
 
 if demo_agents_enabled():  # the shipped agents (API.md, "Framework agents")
     wrap(_chat_graph, name="langgraph.chat",
+         description="A LangGraph graph of one node that answers one message, on the "
+                     "configured model.",
+         example={"prompt": "What does a cancel stop?"},
          input=lambda input: {"prompt": input.get("prompt")},
          output=lambda state: {"text": state.get("text")})
 
@@ -357,6 +363,8 @@ def _approval_graph():
 
 if demo_agents_enabled():  # the shipped agents (API.md, "Framework agents")
     wrap(_approval_graph, name="langgraph.approval",
+         description="A LangGraph graph whose send_email tool needs a person's approval.",
+         example={"prompt": "Email team@example.com that the report is ready."},
          input=lambda input: {"messages": [{"role": "user", "content": input.get("prompt")
                                             or ""}], "sent": []},
          output=lambda state: {"text": state["messages"][-1].get("content"),

@@ -41,17 +41,19 @@ STATE_KEY = "openai_agents"
 FRAMEWORK = {"framework": "openai-agents"}  # what its activity entries say of the framework
 
 
-def wrap(agent, *, name: str, prompt=None, output=None) -> type:
+def wrap(agent, *, name: str, prompt=None, output=None, description: str = "",
+         example: dict | None = None) -> type:
     """Register ``agent`` (an ``agents.Agent``, or a function that makes one, called once
     when first needed) as the awaken agent ``name``. ``prompt(input) -> str``: the user
     prompt from the run's input (default ``input["prompt"]``); ``output(final_output,
     items) -> JSON``: the run's output from the SDK's final output and the run's input
     list, each call in it with the arguments it ran with (an edited approval's), default
-    ``{"text": str(final_output)}``. Returns the registered class."""
+    ``{"text": str(final_output)}``; ``description`` and ``example`` as in
+    ``runs.agents.pydantic_ai.wrap``. Returns the registered class."""
 
     return wrapped(OpenAIAgentsAgent, agent, name=name,
                    ready=lambda made: hasattr(made, "instructions"), prefix="OpenAIAgents",
-                   prompt=prompt, output=output)
+                   description=description, example=example, prompt=prompt, output=output)
 
 
 class OpenAIAgentsAgent(FrameworkAgent):
@@ -305,7 +307,10 @@ def _chat_agent():
 
 
 if demo_agents_enabled():  # the shipped agents (API.md, "Framework agents")
-    wrap(_chat_agent, name="openai_agents.chat")
+    wrap(_chat_agent, name="openai_agents.chat",
+         description="An OpenAI Agents SDK agent that answers one message, on the configured "
+                     "model.",
+         example={"prompt": "What does a cancel stop?"})
 
 
 def send_email(to: str, body: str) -> str:
@@ -338,4 +343,7 @@ def _sent(value, items=()):
 
 
 if demo_agents_enabled():  # the shipped agents (API.md, "Framework agents")
-    wrap(_approval_agent, name="openai_agents.approval", output=_sent)
+    wrap(_approval_agent, name="openai_agents.approval", output=_sent,
+         description="An OpenAI Agents SDK agent whose send_email tool needs a person's "
+                     "approval.",
+         example={"prompt": "Email team@example.com that the report is ready."})

@@ -40,17 +40,20 @@ STATE_KEY = "pydantic_ai"
 FRAMEWORK = {"framework": "pydantic-ai"}  # what its activity entries say of the framework
 
 
-def wrap(agent, *, name: str, prompt=None, output=None) -> type:
+def wrap(agent, *, name: str, prompt=None, output=None, description: str = "",
+         example: dict | None = None) -> type:
     """Register ``agent`` (a ``pydantic_ai.Agent``, or a function that makes one, called
     once when first needed) as the awaken agent ``name``.
 
     ``prompt(input) -> str``: the user prompt from the run's input (default
     ``input["prompt"]``); ``output(result_output, messages) -> JSON``: the run's output
-    from the agent's and the run's message history (default ``{"text": str(output)}``).
-    Returns the registered class."""
+    from the agent's and the run's message history (default ``{"text": str(output)}``);
+    ``description`` and ``example``: what the new-run form says of it and the input it
+    offers (``runs.agents.Agent``). Returns the registered class."""
 
     return wrapped(PydanticAIAgent, agent, name=name, ready=lambda made: hasattr(made, "iter"),
-                   prefix="PydanticAI", prompt=prompt, output=output)
+                   prefix="PydanticAI", description=description, example=example,
+                   prompt=prompt, output=output)
 
 
 class PydanticAIAgent(FrameworkAgent):
@@ -219,7 +222,9 @@ def _chat_agent():
 
 
 if demo_agents_enabled():  # the shipped agents (API.md, "Framework agents")
-    wrap(_chat_agent, name="pydantic_ai.chat")
+    wrap(_chat_agent, name="pydantic_ai.chat",
+         description="A pydantic-ai agent that answers one message, on the configured model.",
+         example={"prompt": "What does a cancel stop?"})
 
 
 def send_email(to: str, body: str):
@@ -259,4 +264,6 @@ def _sent(value, messages=()):
 
 
 if demo_agents_enabled():  # the shipped agents (API.md, "Framework agents")
-    wrap(_approval_agent, name="pydantic_ai.approval", output=_sent)
+    wrap(_approval_agent, name="pydantic_ai.approval", output=_sent,
+         description="A pydantic-ai agent whose send_email tool needs a person's approval.",
+         example={"prompt": "Email team@example.com that the report is ready."})

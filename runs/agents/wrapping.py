@@ -15,12 +15,15 @@ class FrameworkAgent(Agent):
         return cls.made
 
 
-def wrapped(base: type, thing, *, name: str, ready, prefix: str, **hooks) -> type:
+def wrapped(base: type, thing, *, name: str, ready, prefix: str, description: str = "",
+            example: dict | None = None, **hooks) -> type:
     """Register a subclass of ``base`` as the agent ``name``: ``thing`` is the framework's
     object if ``ready(thing)``, else what makes it; each hook given (not None) replaces the
-    base's static method of that name. Returns the registered class."""
+    base's static method of that name; ``description`` and ``example`` are the agent's
+    (``runs.agents.Agent``). Returns the registered class."""
     made = ready(thing)
-    attributes = {"__module__": base.__module__, "name": name,
+    attributes = {"__module__": base.__module__, "name": name, "description": description,
+                  "example": example,
                   "made": thing if made else None, "make": None if made else staticmethod(thing),
                   **{key: staticmethod(hook) for key, hook in hooks.items() if hook is not None}}
     return register(type(f"{prefix}_{name.replace('.', '_')}", (base,), attributes))

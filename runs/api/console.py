@@ -40,9 +40,14 @@ class RunRerunView(APIView):
 
 class OverviewQuery(serializers.Serializer):
     window = s.QueryInteger(
-        required=False, default=3600, min_value=MIN_WINDOW, max_value=MAX_WINDOW,
-        help_text="Seconds to look back (60 to 86400): minutes up to three hours, coarser "
-                  "buckets beyond.")
+        required=False, min_value=MIN_WINDOW, max_value=MAX_WINDOW,
+        help_text=f"Seconds to look back ({MIN_WINDOW} to {MAX_WINDOW}, 3600 by default): "
+                  "minutes up to three hours, coarser buckets beyond.")
+    since = s.OffsetDateTimeField(
+        required=False, help_text="Instead of a window: the range's start (at most 7 days "
+                                  "before its end).")
+    until = s.OffsetDateTimeField(
+        required=False, help_text="The range's end (now by default; a later one is now).")
 
 
 class StopPathSerializer(serializers.Serializer):
@@ -59,6 +64,31 @@ class PointSerializer(serializers.Serializer):
     at = serializers.DateTimeField(help_text="Start of the bucket.")
     started = serializers.IntegerField()
     ended = serializers.IntegerField()
+
+
+class LivePointSerializer(serializers.Serializer):
+    at = serializers.DateTimeField(help_text="Start of the bucket; the last point of a range "
+                                             "that ends now is now.")
+    queued = serializers.IntegerField(allow_null=True)
+    running = serializers.IntegerField(allow_null=True)
+    awaiting = serializers.IntegerField(allow_null=True)
+
+
+class AgentStopSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    mean = serializers.FloatField(allow_null=True, help_text="Seconds.")
+    max = serializers.FloatField(allow_null=True, help_text="Seconds, the slowest.")
+
+
+class AgentFiguresSerializer(serializers.Serializer):
+    agent = serializers.CharField()
+    live = serializers.DictField(child=serializers.IntegerField(),
+                                 help_text="Its live runs by state, now.")
+    ended = serializers.DictField(child=serializers.IntegerField(),
+                                  help_text="Its runs ended in the range, by end cause.")
+    failure_rate = serializers.FloatField(allow_null=True)
+    time_to_stop = AgentStopSerializer(
+        help_text="Its cancel and stop requests applied in the range.")
 
 
 class PercentilesSerializer(serializers.Serializer):
@@ -82,21 +112,29 @@ class OverviewSerializer(serializers.Serializer):
     duration = PercentilesSerializer(
         help_text="Running time (seconds) of the runs ended in the window.")
     series = PointSerializer(many=True, help_text="Runs started and ended per bucket.")
+    live_series = LivePointSerializer(
+        many=True, help_text="Live runs by state per bucket: the highest of the minutes "
+                             "sampled in it, null where none was (samples are kept 8 days).")
+    sample_seconds = serializers.IntegerField(help_text="Seconds between two samples.")
     time_to_stop = serializers.DictField(
         child=StopPathSerializer(),
         help_text="Requests applied in the window, by path: live, durable, sweeper.")
     pending_intents = serializers.IntegerField(help_text="Cancel or stop requests not yet "
                                                          "applied.")
+    agents = AgentFiguresSerializer(many=True, help_text="The figures by agent, each agent "
+                                                         "with a live run or one in the range.")
 
 
 class OverviewView(APIView):
     @extend_schema(operation_id="overview", parameters=[OverviewQuery],
                    responses={200: OverviewSerializer, **ERRORS})
     def get(self, request):
-        """The overview's charts: counts, runs started and ended over time, failure rate,
-        running time percentiles and time to stop, over the last ``window`` seconds."""
-        window = query(OverviewQuery, request)["window"]
-        return Response(OverviewSerializer(overview.overview(window=window)).data)
+        """The overview's charts: counts, runs started and ended over time, live runs by
+        state over time, failure rate, running time percentiles and time to stop, overall
+        and by agent, over the last ``window`` seconds or from ``since`` to ``until``."""
+        asked = query(OverviewQuery, request)
+        window, until = overview.time_range(**asked)
+        return Response(OverviewSerializer(overview.overview(window=window, until=until)).data)
 
 
 class WorkerSerializer(serializers.Serializer):

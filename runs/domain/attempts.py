@@ -14,7 +14,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from runs.domain import activity, limits, outside, prices, sql
+from runs.domain import activity, limits, outside, overview, prices, sql
 from runs.domain.approvals import action_of
 from runs.domain.bulk import bulk_jobs_resend
 from runs.domain.core import (
@@ -75,7 +75,8 @@ def attempts_start(*, run_ids, owner: str, lease_seconds: float) -> list[Attempt
                 and not (run.start_after and run.start_after > now)]
         if not runs:
             return []
-        expires = (clock or database_now()) + timedelta(seconds=lease_seconds)
+        granted = clock or database_now()
+        expires = granted + timedelta(seconds=lease_seconds)
         attempts = []
         for run in runs:
             run.state = RunState.RUNNING
@@ -83,7 +84,7 @@ def attempts_start(*, run_ids, owner: str, lease_seconds: float) -> list[Attempt
             run.started_at = run.started_at or now
             run.owner, run.claimed_at = owner, now
             attempts.append(sql.new(Attempt, run=run, generation=run.generation, owner=owner,
-                                    lease_expires_at=expires))
+                                    lease_expires_at=expires, renewed_at=granted))
         record_each(runs, EventKind.STARTED,
                     fields=("state", "generation", "started_at", "owner", "claimed_at"),
                     actor=owner, source="worker", data={"owner": owner},
@@ -358,7 +359,7 @@ def attempt_renew(*, owner: str, attempts: list[tuple], lease_seconds: float) ->
     # owner's attempts; the planner applies the list of ids only as a filter.
     live = Attempt.objects.filter(owner=owner, state=AttemptState.LIVE, run_id__gte=run_ids[0],
                                   run_id__lte=run_ids[-1], run_id__in=run_ids)
-    live.update(lease_expires_at=Now() + timedelta(seconds=lease_seconds))
+    live.update(lease_expires_at=Now() + timedelta(seconds=lease_seconds), renewed_at=Now())
     # Read after the update: an attempt closed before it was not renewed and is absent here;
     # one closed after it cannot be, its lease being fresh. Unordered: the default order
     # would join every attempt's run.
@@ -381,13 +382,17 @@ def attempt_expire(*, run_id, generation: int, max_crash_retries: int) -> str | 
     1. a pending cancel or stop is applied as the terminal state;
     2. otherwise the run is queued again for a new attempt, within ``max_crash_retries``;
     3. past that budget it ends ``failed`` ("worker lost").
-    Returns what it did, or None if the attempt was renewed or closed meanwhile.
+    The attempt is charged running time up to its last renewal, not the outage after it:
+    nothing is known to have run since. Returns what it did, or None if the attempt was
+    renewed or closed meanwhile.
     """
     with transaction.atomic():
         run = locked_run(run_id)
         if run.state != RunState.RUNNING or run.generation != generation:
             return None
         now = timezone.now()
+        renewed = (Attempt.objects.filter(run=run, generation=generation)
+                   .values_list("renewed_at", flat=True).first())
         # Closing the attempt is the check, in one statement on its row: a renewal that
         # commits first leaves nothing expired to close; one that comes after finds the
         # attempt closed and reports it fenced. Expiry is read on the database's clock.
@@ -401,12 +406,13 @@ def attempt_expire(*, run_id, generation: int, max_crash_retries: int) -> str | 
         intent = pending_intent(run)
         if intent is not None:
             finish(run, Ending.from_intent(intent), actor=intent.requested_by,
-                   source=intent.source, via=AppliedVia.SWEEPER)
+                   source=intent.source, via=AppliedVia.SWEEPER, ran_until=renewed)
             return "applied"
         if run.crash_retries >= max_crash_retries:
-            finish(run, Ending.failed("worker lost"), source="worker", via=AppliedVia.SWEEPER)
+            finish(run, Ending.failed("worker lost"), source="worker", via=AppliedVia.SWEEPER,
+                   ran_until=renewed)
             return "failed"
-        released = release_claim(run, CloseReason.LOST, now=now)
+        released = release_claim(run, CloseReason.LOST, now=now, ran_until=renewed)
         run.crash_retries += 1
         run.state = RunState.QUEUED
         run.dispatched_at = now
@@ -461,7 +467,8 @@ WORKER_REPORTS_KEPT = timedelta(hours=1)
 
 def sweep(*, limit: int = 200) -> dict:
     """One pass of the sweeper (SPEC §6): expired leases, then queued runs whose message
-    may be lost, then bulk jobs that nobody moves on. Each row is its own compare-and-set
+    may be lost, then bulk jobs that nobody moves on; and the minute's sample of live runs
+    by state for the overview, if not taken yet. Each row is its own compare-and-set
     transition, so sweeps may overlap."""
     counts = {"applied": 0, "requeued": 0, "failed": 0, "redispatched": 0}
     expired = (Attempt.objects.filter(state=AttemptState.LIVE, lease_expires_at__lt=Now())
@@ -476,4 +483,5 @@ def sweep(*, limit: int = 200) -> dict:
     counts["bulk_resent"] = len(bulk_jobs_resend(older_than=2 * settings.AWAKEN_LEASE_SECONDS,
                                                  limit=limit))
     WorkerProcess.objects.filter(reported_at__lt=timezone.now() - WORKER_REPORTS_KEPT).delete()
+    overview.record_live_sample()
     return counts

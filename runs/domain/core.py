@@ -275,6 +275,7 @@ def finish(
     source: str | None = None,
     via: str = AppliedVia.LIVE,
     trace: Trace | None = None,
+    ran_until=None,
 ) -> bool:
     """The finish boundary: commit ``ending`` as the run's terminal state, or refuse.
 
@@ -285,7 +286,8 @@ def finish(
     its result. On success, in the same transaction:
 
     1. the run moves to ``ended`` with the cause, its details and ``ended_at``;
-    2. the live attempt (if any) is closed and its running time added to the run;
+    2. the live attempt (if any) is closed and its running time added to the run (up to
+       ``ran_until`` if given: a lost attempt's last renewal);
     3. the open ticket (if any) is revoked;
     4. the pending control intent (if any) is marked applied, ``via`` which path, with
        the stop receipt of the attempt's ``trace`` (``runs.domain.receipts``), counted on
@@ -303,7 +305,8 @@ def finish(
     also = []  # the other rows the boundary writes, in the run's own statement
     if run.state == RunState.RUNNING:
         lost = via == AppliedVia.SWEEPER
-        released, close = _release(run, CloseReason.LOST if lost else ending.cause, now=now)
+        released, close = _release(run, CloseReason.LOST if lost else ending.cause, now=now,
+                                   ran_until=ran_until)
         fields += released
         also.append(close)
     if run.ticket is not None:
@@ -386,22 +389,25 @@ def _send_cancel(*, run_id, generation: int, owner: str, actor: str, source: str
                                  command="cancel", actor=actor, source=source)
 
 
-def release_claim(run: Run, reason: str, *, now) -> list[str]:
+def release_claim(run: Run, reason: str, *, now, ran_until=None) -> list[str]:
     """Close the run's live attempt and clear its claim; returns the run fields changed.
 
-    The attempt's running time is added to the run's ``seconds_used``.
+    The attempt's running time, up to ``ran_until`` if given (else ``now``), is added to
+    the run's ``seconds_used``.
     """
-    fields, close = _release(run, reason, now=now)
+    fields, close = _release(run, reason, now=now, ran_until=ran_until)
     sql.write(close)
     return fields
 
 
-def _release(run: Run, reason: str, *, now) -> tuple[list[str], "sql.UpdateWhere"]:
+def _release(run: Run, reason: str, *, now, ran_until=None
+             ) -> tuple[list[str], "sql.UpdateWhere"]:
     """``release_claim`` with the closing of the attempt left to the caller to write: the
     run fields changed, and that write."""
     close = sql.UpdateWhere(Attempt, {"state": AttemptState.CLOSED,
                                       "close_reason": CloseReason(reason), "closed_at": now},
                             {"run": run.pk, "state": AttemptState.LIVE})
-    run.seconds_used += max(0.0, (now - run.claimed_at).total_seconds())
+    until = now if ran_until is None else min(now, ran_until)
+    run.seconds_used += max(0.0, (until - run.claimed_at).total_seconds())
     run.owner = run.claimed_at = None
     return ["seconds_used", "owner", "claimed_at"], close

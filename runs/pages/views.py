@@ -1,5 +1,7 @@
 """HTML pages: the operator page, a run's page, their live partials, and the health check."""
 
+import json
+
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import BadRequest, PermissionDenied
 from django.http import Http404, JsonResponse
@@ -11,7 +13,7 @@ from django.views.decorators.http import require_GET
 from runs.domain import activity, bulk, catalogue, limits, review, selectors
 from runs.domain.errors import InvalidRequest, RunNotFound, ServiceError
 from runs.domain.roles import is_operator, is_viewer
-from runs.models import EventKind, Source, TicketReason
+from runs.models import LIVE_STATES, EndCause, EventKind, Source, TicketReason
 from runs.pages import filters, health
 from runs.pages import metrics as stop_metrics
 from runs.pages.page_rules import page_rules
@@ -101,7 +103,21 @@ def index(request):
     return render(request, "runs/index.html", page_context(
         request, runs=with_pending(nested(runs)), cursor=cursor, filter=chosen,
         statuses=filters.STATUSES, sorts=sort_links(chosen), query=chosen.query(),
-        api_filter=chosen.api()))
+        api_filter=chosen.api(), **new_run_form()))
+
+
+FIRST_AGENT = "demo.steps"  # the new-run form's agent when it is there
+
+
+def new_run_form() -> dict:
+    """The new-run form's agents, each with its description and example input (as JSON
+    text, ``example_json``; None when it gives none), and the agent chosen first."""
+    agents = [{**agent, "example_json": None if agent["example"] is None
+               else json.dumps(agent["example"], ensure_ascii=False)}
+              for agent in catalogue.described()]
+    names = [agent["name"] for agent in agents]
+    first = FIRST_AGENT if FIRST_AGENT in names else (names[0] if names else None)
+    return {"agent_help": agents, "first_agent": first}
 
 
 MAX_ASKED = 100  # runs a live list may ask about at once
@@ -133,8 +149,19 @@ def rows(request):
 @viewer_required
 @require_GET
 def overview(request):
-    """The overview's charts; the figures come from /api/overview/, polled by the page."""
-    return render(request, "runs/overview.html", page_context(request))
+    """The overview's charts; the figures come from /api/overview/, polled by the page
+    over the range of the URL: ``window`` (one of ``RANGES``) or ``since`` and ``until``
+    (checked by the API, which the page shows the answer of)."""
+    chosen = ("custom" if request.GET.get("since")
+              else request.GET.get("window") if request.GET.get("window") in dict(RANGES)
+              else "3600")
+    return render(request, "runs/overview.html", page_context(
+        request, ranges=RANGES, chosen_range=chosen, live_states=LIVE_STATES,
+        end_causes=EndCause.values, agent_columns=1 + len(LIVE_STATES) + len(EndCause) + 4))
+
+
+RANGES = [("900", "last 15 minutes"), ("3600", "last hour"), ("21600", "last 6 hours"),
+          ("86400", "last 24 hours"), ("604800", "last 7 days")]
 
 
 @viewer_required

@@ -71,9 +71,14 @@ class BudgetExceeded(Exception):
 
 class Agent:
     """Subclass, give it a ``name`` and an async ``run(ctx)``; register with ``@register``
-    (``runs.domain.catalogue.register``, re-exported here for agent authors)."""
+    (``runs.domain.catalogue.register``, re-exported here for agent authors).
+
+    The new-run form shows the agent's ``description`` (by default the first paragraph of
+    the class's own docstring) and offers its ``example``, an input it runs with."""
 
     name: str = ""
+    description: str = ""
+    example: dict | None = None
 
     async def run(self, ctx: "Context") -> Any:  # pragma: no cover - interface
         raise NotImplementedError

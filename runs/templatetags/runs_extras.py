@@ -59,6 +59,11 @@ def pretty_json(value) -> str:
 
 
 @register.filter
+def is_text(value) -> bool:
+    return isinstance(value, str)
+
+
+@register.filter
 def argument_value(value) -> str:
     """One argument of a tool call as people read it: text as it is, anything else as
     compact JSON."""
@@ -116,8 +121,8 @@ def activity_figures(entry) -> str:
     ``data-seconds``): "340 tokens · gen 2"."""
     if entry is None:
         return ""
-    parts = [f"{entry.tokens} tokens" if entry.tokens else "",
-             f"gen {entry.generation}" if entry.generation else ""]
+    parts = [f"{entry.tokens}\u00a0tokens" if entry.tokens else "",  # each kept on one line
+             f"gen\u00a0{entry.generation}" if entry.generation else ""]
     return " · ".join(part for part in parts if part)
 
 

@@ -38,7 +38,11 @@ export async function api(method, path, body) {
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   const data = await response.json().catch(() => ({}));
-  if (!response.ok) throw new Error(data.detail || `HTTP ${response.status}`);
+  if (!response.ok) {
+    const problem = new Error(data.detail || `HTTP ${response.status}`);
+    problem.status = response.status;  // the server answered: not a lost connection
+    throw problem;
+  }
   return data;
 }
 

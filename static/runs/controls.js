@@ -392,7 +392,8 @@ function buildForm(box, schema) {
     let field;
     if (Array.isArray(property.enum)) {
       field = document.createElement("select");
-      if (!required.has(name)) field.append(new Option("", ""));
+      // Nothing chosen until someone chooses: a required one is refused empty.
+      field.append(new Option(required.has(name) ? "choose…" : "", ""));
       for (const value of property.enum) field.append(new Option(String(value), JSON.stringify(value)));
     } else if (property.type === "boolean") {
       field = Object.assign(document.createElement("input"), { type: "checkbox" });

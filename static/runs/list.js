@@ -289,6 +289,7 @@ function listPage(table) {
   $("#new-run")?.addEventListener("input", (event) => {
     setField(event.currentTarget, "form-error", "");
   });
+  agentHelp();
 
   $("#new-run")?.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -301,10 +302,6 @@ function listPage(table) {
       input = form.input.value.trim() ? JSON.parse(form.input.value) : {};
     } catch (problem) {
       error.textContent = `Input is not valid JSON: ${problem.message}`;
-      return;
-    }
-    if (input === null || typeof input !== "object" || Array.isArray(input)) {
-      error.textContent = "The input must be a JSON object, such as {\"steps\": 5}.";
       return;
     }
     const budget = {};
@@ -333,6 +330,35 @@ function listPage(table) {
 
   filterForm();
   return apply;
+}
+
+// The new-run form's help: the server renders each agent's description and example input;
+// picking an agent shows its own, and puts its example in the input unless the input was
+// written by hand (it is empty, or still the example of the agent picked before).
+function agentHelp() {
+  const form = $("#new-run");
+  if (!form) return;
+  const helpOf = (name) => form.querySelector(`[data-agent-help="${CSS.escape(name)}"]`);
+  const exampleOf = (name) => helpOf(name)?.querySelector("[data-example]")?.textContent ?? null;
+  let shown = form.agent.value;
+  form.agent.addEventListener("change", () => {
+    const before = exampleOf(shown);
+    const typed = form.input.value.trim();
+    for (const help of form.querySelectorAll("[data-agent-help]")) help.hidden = true;
+    shown = form.agent.value;
+    const help = helpOf(shown);
+    if (help) help.hidden = false;
+    const example = exampleOf(shown);
+    if (example !== null && (typed === "" || typed === before)) form.input.value = example;
+  });
+  form.addEventListener("click", (event) => {
+    if (!event.target.closest('[data-action="use-example"]')) return;
+    const example = exampleOf(form.agent.value);
+    if (example === null) return;
+    form.input.value = example;
+    form.input.dispatchEvent(new Event("input", { bubbles: true }));  // an old error goes
+    form.input.focus();
+  });
 }
 
 // A toast with links (the shared toast takes text only).

@@ -1,11 +1,11 @@
-// The overview: the figures of /api/overview/ as cards and uPlot charts, asked for every few
-// seconds (each figure is one indexed query on the server).
+// The overview: the figures of /api/overview/ as cards, uPlot charts and a table by agent,
+// asked for every few seconds (each figure is one indexed query on the server) over the
+// range of the URL: ?window=seconds, or ?since=…&until=… (the server checks the range).
 
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { $, api, span } from "./common.js";
 
 const EVERY = 5000;
-const KEEP = 720; // live-state points kept: an hour at 5 s
 const STATES = ["queued", "running", "awaiting"];
 const CAUSES = ["completed", "failed", "cancelled", "stopped"];
 const PATHS = ["live", "durable", "sweeper"];
@@ -42,10 +42,15 @@ function makeCharts() {
     axes: [axes(colors)[0], { ...axes(colors)[1], ...integer }],
   }, [[], [], []], node("throughput"));
 
+  // A short history (a site just started, samples just begun) is a few points on a wide
+  // axis: they are drawn as dots, which a line of two points would not show.
+  const sparse = (u, i) => u.data[i].filter((v) => v != null).length <= 12;
   charts.live = new uPlot({
     ...sized(node("live")),
-    scales: { x: { time: true, auto: false }, y: { range: (u, min, max) => [0, Math.max(4, max + 1)] } },
-    series: [{}, ...STATES.map((state) => ({ label: state, stroke: colors[state], width: 2 }))],
+    scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(4, (max ?? 0) + 1)] } },
+    series: [{}, ...STATES.map((state) => ({ label: state, stroke: colors[state], width: 2,
+      points: { show: sparse, size: 6, fill: colors[state] },
+      value: (u, v, i, at) => (at == null ? "–" : v == null ? "no sample" : v) }))],
     axes: [axes(colors)[0], { ...axes(colors)[1], ...integer }],
   }, [[], [], [], []], node("live"));
 
@@ -84,31 +89,64 @@ function figure(name, text) {
   if (node && node.textContent !== text) node.textContent = text;
 }
 
-const liveHistory = [[], [], [], []];
+const percent = (rate) => (rate === null ? "–" : `${(rate * 100).toFixed(1)} %`);
+const minutes = (seconds) => (seconds % 3600 === 0 ? `${seconds / 3600} h` : `${seconds / 60} min`);
+
+function cells(row, values) {
+  values.forEach(([text, label], i) => {
+    const cell = document.createElement(i ? "td" : "th");
+    if (i) cell.className = "num";
+    else cell.scope = "row";
+    cell.textContent = text;
+    cell.dataset.label = label;  // a phone shows the cells as a card, each with its column
+    row.append(cell);
+  });
+}
+
+function agentRows(agents) {
+  return agents.map((figures) => {
+    const row = document.createElement("tr");
+    row.dataset.agent = figures.agent;
+    const stop = figures.time_to_stop;
+    cells(row, [
+      [figures.agent, "Agent"],
+      ...STATES.map((state) => [String(figures.live[state]), state]),
+      ...CAUSES.map((cause) => [String(figures.ended[cause]), cause]),
+      [percent(figures.failure_rate), "failure rate"],
+      [String(stop.count), "stops"],
+      [stop.mean === null ? "–" : span(stop.mean), "time to stop, mean"],
+      [stop.max === null ? "–" : span(stop.max), "slowest"],
+    ]);
+    return row;
+  });
+}
 
 function draw(charts, data) {
   figure("queued", String(data.runs.queued));
   figure("running", String(data.runs.running));
   figure("awaiting", String(data.runs.awaiting));
   figure("ended", String(data.duration.count));
-  figure("failure-rate", data.failure_rate === null ? "–" : `${(data.failure_rate * 100).toFixed(1)} %`);
+  figure("failure-rate", percent(data.failure_rate));
   const p = data.duration;
   figure("p50", p.p50 === null ? "–" : span(p.p50));
   figure("p95", p.p95 === null ? "–" : span(p.p95));
   figure("p99", p.p99 === null ? "–" : span(p.p99));
   figure("pending", String(data.pending_intents));
-  $('[data-field="bucket"]').textContent = `(per ${data.bucket / 60} min)`;
+  $('[data-field="bucket"]').textContent = `(per ${minutes(data.bucket)})`;
+  $('[data-field="live-note"]').textContent = data.bucket > data.sample_seconds
+    ? `(the highest of each ${minutes(data.bucket)}, sampled each minute)`
+    : "(sampled each minute)";
 
+  const from = Date.parse(data.since) / 1000;
+  const to = Math.max(Date.parse(data.until) / 1000, from + data.bucket);
   const xs = data.series.map((point) => Date.parse(point.at) / 1000);
-  charts.throughput.setData([xs, data.series.map((p) => p.started), data.series.map((p) => p.ended)]);
+  charts.throughput.setData([xs, data.series.map((p) => p.started), data.series.map((p) => p.ended)], false);
+  charts.throughput.setScale("x", { min: from, max: to });
 
-  liveHistory[0].push(Date.now() / 1000);
-  STATES.forEach((state, i) => liveHistory[i + 1].push(data.runs[state]));
-  if (liveHistory[0].length > KEEP) liveHistory.forEach((column) => column.shift());
-  charts.live.setData(liveHistory, false);
-  // At least five minutes wide, so the first points are not stretched over a year.
-  const last = liveHistory[0].at(-1);
-  charts.live.setScale("x", { min: Math.min(liveHistory[0][0], last - 300), max: last + 5 });
+  const live = data.live_series;
+  charts.live.setData([live.map((point) => Date.parse(point.at) / 1000),
+    ...STATES.map((state) => live.map((point) => point[state]))], false);
+  charts.live.setScale("x", { min: from, max: to });
 
   charts.ended.setData([CAUSES.map((_, i) => i), CAUSES.map((cause) => data.ended[cause] || 0)]);
 
@@ -125,8 +163,8 @@ function draw(charts, data) {
   }
   const rows = PATHS.filter((path) => paths[path]?.count).map((path) => {
     const row = document.createElement("tr");
-    const cells = [path, String(paths[path].count), `${((paths[path].sum / paths[path].count) * 1000).toFixed(0)} ms`];
-    cells.forEach((text, i) => {
+    const texts = [path, String(paths[path].count), `${((paths[path].sum / paths[path].count) * 1000).toFixed(0)} ms`];
+    texts.forEach((text, i) => {
       const cell = document.createElement("td");
       cell.textContent = text;
       if (i) cell.className = "num";
@@ -135,34 +173,91 @@ function draw(charts, data) {
     return row;
   });
   if (rows.length) $('[data-field="stop-table"]').replaceChildren(...rows);
+  if (data.agents.length) $('[data-field="agents"]').replaceChildren(...agentRows(data.agents));
+}
+
+// datetime-local's text for an instant, in the viewer's zone (to the minute).
+function local(iso) {
+  const at = new Date(iso);
+  if (Number.isNaN(at.getTime())) return "";
+  const shifted = new Date(at.getTime() - at.getTimezoneOffset() * 60000);
+  return shifted.toISOString().slice(0, 16);
+}
+
+// The API's query for the range of the page's URL: ?window=… or ?since=…&until=….
+function rangeQuery() {
+  const asked = new URLSearchParams(location.search);
+  const query = new URLSearchParams();
+  for (const name of ["window", "since", "until"]) {
+    if (asked.get(name)) query.set(name, asked.get(name));
+  }
+  if (!query.has("window") && !query.has("since")) query.set("window", "3600");
+  return query.toString();
+}
+
+function rangeForm(poll) {
+  const form = $("#range");
+  const picker = form.elements.window;
+  const custom = form.querySelector('[data-field="custom"]');
+  const asked = new URLSearchParams(location.search);
+  form.elements.since.value = local(asked.get("since"));
+  form.elements.until.value = local(asked.get("until"));
+
+  function go(query) {
+    history.replaceState(null, "", `${location.pathname}?${query}`);
+    poll();
+  }
+  picker.addEventListener("change", () => {
+    custom.hidden = picker.value !== "custom";
+    if (picker.value === "custom") {
+      if (!form.elements.since.value) {
+        form.elements.since.value = local(new Date(Date.now() - 3600 * 1000).toISOString());
+      }
+      form.elements.since.focus();
+      return;
+    }
+    go(new URLSearchParams({ window: picker.value }).toString());
+  });
+  form.addEventListener("input", () => { form.querySelector('[data-field="range-error"]').textContent = ""; });
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const query = new URLSearchParams();
+    for (const name of ["since", "until"]) {
+      const value = form.elements[name].value;
+      if (value) query.set(name, new Date(value).toISOString());  // the viewer's zone
+    }
+    go(query.toString());
+  });
 }
 
 function start() {
   const charts = makeCharts();
   const live = $("#live");
-  const windowPicker = $("#window");
-  const fromUrl = new URLSearchParams(location.search).get("window");
-  if (fromUrl && [...windowPicker.options].some((o) => o.value === fromUrl)) windowPicker.value = fromUrl;
+  const problem = $('[data-field="range-error"]');
   let timer = null;
 
   async function poll() {
     clearTimeout(timer);
+    const query = rangeQuery();
+    $('[data-field="api-link"]').href = `/api/overview/?${query}`;
     try {
-      draw(charts, await api("GET", `/api/overview/?window=${windowPicker.value}`));
+      draw(charts, await api("GET", `/api/overview/?${query}`));
+      problem.textContent = "";
       live.dataset.status = "live";
       live.textContent = "live";
-    } catch (problem) {
-      live.dataset.status = "offline";
-      live.textContent = `offline (${problem.message}), retrying`;
+    } catch (failure) {
+      if (failure.status === 400) {
+        problem.textContent = failure.message;  // the server's word on the range
+        live.dataset.status = "live";
+        live.textContent = "live";
+      } else {
+        live.dataset.status = "offline";
+        live.textContent = `offline (${failure.message}), retrying`;
+      }
     }
     timer = setTimeout(poll, document.hidden ? EVERY * 6 : EVERY);
   }
-  windowPicker.addEventListener("change", () => {
-    const url = new URL(location.href);
-    url.searchParams.set("window", windowPicker.value);
-    history.replaceState(null, "", url);
-    poll();
-  });
+  rangeForm(poll);
   document.addEventListener("visibilitychange", () => { if (!document.hidden) poll(); });
   poll();
 }

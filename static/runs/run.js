@@ -59,17 +59,21 @@ function runPage(panel) {
     pending = setTimeout(async () => {
       const response = await fetch(`/runs/${runId}/panel/`, { credentials: "same-origin" });
       if (!response.ok) return;
-      const open = [...panel.querySelectorAll("details[open] > summary")].map((s) => s.textContent);
-      const link = panel.querySelector('[data-field="new-link"]:not([hidden])');
-      const log = panel.querySelector("#activity:not([data-placeholder])");
-      const scrolled = log?.querySelector(".activity-log")?.scrollTop;
       const html = await response.text();
       if (html === shown) return;  // nothing the panel shows has changed
       shown = html;
+      // Read as the panel is replaced, not before the answer came: entries appended
+      // meanwhile (a reconnect brings both at once) would be scrolled away from.
+      const open = [...panel.querySelectorAll("details[open] > summary")].map((s) => s.textContent);
+      const link = panel.querySelector('[data-field="new-link"]:not([hidden])');
+      const log = panel.querySelector("#activity:not([data-placeholder])");
+      const list = log?.querySelector(".activity-log");
+      const scrolled = list?.scrollTop;
+      const following = list && list.scrollTop + list.clientHeight >= list.scrollHeight - 8;
       keepFocus(panel, panel, () => { panel.innerHTML = html; });
       if (log) {  // it grows on its own; moved back where it was, scrolled as it was
         panel.querySelector("#activity")?.replaceWith(log);
-        log.querySelector(".activity-log").scrollTop = scrolled;
+        list.scrollTop = following ? list.scrollHeight : scrolled;
       }
       for (const summary of panel.querySelectorAll("details > summary")) {
         if (open.includes(summary.textContent)) summary.parentElement.open = true;

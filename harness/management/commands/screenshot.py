@@ -55,8 +55,9 @@ class Site:
 
     def __init__(self, var_dir: Path):
         self.env = {key: value for key, value in os.environ.items() if key not in SHARED}
+        # The demo agents, as `make run` has them: the pictures start runs of them.
         self.env.update(AWAKEN_VAR_DIR=str(var_dir), SECRET_KEY=secrets.token_urlsafe(50),
-                        DEBUG="0")
+                        DEBUG="0", AWAKEN_DEMO_AGENTS="1")
         self.manage("migrate", "--no-input")
         self.manage("collectstatic", "--no-input")
         self.port = free_port()
@@ -128,6 +129,7 @@ class Page:
     prepare: Callable | None = None
     show: Callable | None = None
     live: bool = True  # the page has the live indicator (a review page has none)
+    full: bool = False  # the whole page, not the first screen of it
 
 
 SIZES = ((1280, 800), (390, 844))
@@ -171,6 +173,13 @@ def make_review_link(site: Site, runs: dict) -> None:
         runs["review"] = link["url"].rstrip("/").rsplit("/", 1)[-1]
 
 
+def pick_an_agent(tab) -> None:
+    """The new-run form open, with an agent picked that says what it needs."""
+    tab.evaluate("() => { document.querySelector('#new-run-box').open = true; }")
+    tab.select_option('#new-run [name="agent"]', "demo.email")
+    tab.wait_for_selector('[data-agent-help="demo.email"]:not([hidden])')
+
+
 def open_resume_dialog(tab) -> None:
     tab.click('#panel [data-action="resume"]')
     tab.wait_for_selector('#resume-dialog[open] [data-field="resume-action"]:not([hidden])')
@@ -178,9 +187,12 @@ def open_resume_dialog(tab) -> None:
 
 PAGES = [
     Page("list", "/", "js:() => document.querySelectorAll('#run-rows tr.run').length >= 7"),
-    Page("overview", "/overview/",
+    Page("new-run", "/", "js:() => document.querySelectorAll('#run-rows tr.run').length >= 7",
+         show=pick_an_agent),
+    Page("overview", "/overview/?window=86400",
          "js:() => document.querySelectorAll('.uplot canvas').length === 4 && "
-         "document.querySelector('[data-figure=running]').textContent !== '–'"),
+         "document.querySelector('[data-figure=running]').textContent !== '–' && "
+         "document.querySelector('tr[data-agent]') !== null", full=True),
     Page("bulk", "/?by_agent=demo.hang&status=running",
          "js:() => document.querySelectorAll('#run-rows tr.run').length >= 3",
          prepare=start_stuck_runs, show=open_bulk_dialog),
@@ -198,8 +210,8 @@ PAGES = [
 
 
 class Command(BaseCommand):
-    help = ("Draw the console's pages (run list, overview, a bulk job, bulk jobs, a run, a "
-            "failed run, a resume dialog, a review link), with runs "
+    help = ("Draw the console's pages (run list, the new-run form, overview, a bulk job, "
+            "bulk jobs, a run, a failed run, a resume dialog, a review link), with runs "
             "in each state, at 1280x800 and 390x844 into docs/ (Debian's chromium, on an "
             "embedded site of the command's own).")
 
@@ -306,7 +318,7 @@ class Command(BaseCommand):
                             entry.show(tab)
                         path = output or output_dir / f"{entry.name}-{width}x{height}.png"
                         path.parent.mkdir(parents=True, exist_ok=True)
-                        tab.screenshot(path=str(path))
+                        tab.screenshot(path=str(path), full_page=entry.full)
                         written.append(path)
             finally:
                 browser.close()

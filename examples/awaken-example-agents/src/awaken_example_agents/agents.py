@@ -14,6 +14,8 @@ class Summarize(Agent):
     page as the model writes it, and is committed with the step."""
 
     name = "example.summarize"
+    example = {"text": "A cancel is written first, then the work stops in milliseconds.",
+               "words": 10}
 
     async def run(self, ctx):
         text = str(ctx.input.get("text") or "")
@@ -48,6 +50,8 @@ class TextStats(Agent):
     """Answers ``question`` about ``text`` with two Python tools the model may call."""
 
     name = "example.text_stats"
+    example = {"text": "The quick brown fox jumps over the lazy dog.",
+               "question": "Which word is the longest?"}
 
     async def run(self, ctx):
         text = str(ctx.input.get("text") or "")
