@@ -4,7 +4,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0027_live_samples'),
+        ('runs', '0028_live_samples'),
     ]
 
     operations = [

@@ -4,7 +4,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0026_webhooks'),
+        ('runs', '0027_run_traceparent'),
     ]
 
     operations = [
