@@ -14,10 +14,9 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 import httpx
-
-from harness.processes import wait_until
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's, as the browser tests use
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -88,6 +87,16 @@ class ListUser:
             self._stop.wait(0.05)
 
 
+def until(condition, timeout: float, what: str, pump) -> None:
+    """``wait_until``, with Playwright's ``wait_for_timeout`` between the checks: the sync
+    API hands a page's events (requests, socket frames) over only inside its own calls."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        pump(100)
+
+
 def p95(samples: list[float]) -> float:
     return statistics.quantiles(samples, n=20)[-1] if len(samples) >= 2 else float("nan")
 
@@ -123,7 +132,10 @@ def watch(site, *, watchers: int = 3, kind: str = "steps", quiet_seconds: float 
             page.click('button[type="submit"]')
             page.wait_for_selector('#live[data-status="live"]')
             pages.append(page)
-        status, run = site.call("POST", "/api/runs/", BUSY[kind])
+        # The run starts once every page shows it: what a page loads first is not counted.
+        later = datetime.now(UTC) + timedelta(seconds=5 + 3 * watchers)
+        status, run = site.call("POST", "/api/runs/", {**BUSY[kind],
+                                                        "start_after": later.isoformat()})
         assert status == 201, run
         seen = []
         for page in pages:
@@ -131,12 +143,21 @@ def watch(site, *, watchers: int = 3, kind: str = "steps", quiet_seconds: float 
             page.on("request", watcher.requested)
             page.on("websocket", watcher.socket)
             page.goto(f"{site.base}{run['url']}")
+            page.wait_for_selector('#live[data-status="live"]')
             seen.append(watcher)
+        pump = pages[0].wait_for_timeout  # Playwright hands the pages' events over meanwhile
+        until(lambda: all(w.requests for w in seen), 30, "each page's first panel", pump)
+        pump(1000)  # the first fetches end
+        for watcher in seen:
+            watcher.requests.clear()
+            watcher.pushes = 0
+        assert site.call("GET", f"/api/runs/{run['id']}/")[1]["state"] == "queued", (
+            "the busy run started before the pages were ready: raise its start_after")
         user.start()
-        wait_until(lambda: site.call("GET", f"/api/runs/{run['id']}/")[1]["state"] == "ended",
-                   120, "the busy run to end", every=0.2)
+        until(lambda: site.call("GET", f"/api/runs/{run['id']}/")[1]["state"] == "ended",
+              180, "the busy run to end", pump)
         watched = user.stop()
-        time.sleep(1.0)  # the last fetches
+        pump(1000)  # the last fetches
         pushes = sum(w.pushes for w in seen)
         requests = sum(len(w.requests) for w in seen)
         sent = sum(w.bytes() for w in seen)
