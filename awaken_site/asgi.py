@@ -35,8 +35,10 @@ from awaken_site.request_threads import KeptRequestThreads  # noqa: E402
 from runs.sockets import routing  # noqa: E402
 from runs.sockets.auth import SocketAuth  # noqa: E402
 from runs.sockets.daphne import DaphneBackPressure  # noqa: E402
+from runs.sockets.shutdown import Draining  # noqa: E402
 
-application = ProtocolTypeRouter({
+# Draining, outermost: on SIGTERM what is held open answers and ends (runs.sockets.shutdown).
+application = Draining(ProtocolTypeRouter({
     # The event streams first, on the loop (no thread each), with daphne's own send: their
     # back-pressure reaches the connection through it (runs.sockets.daphne).
     "http": URLRouter([
@@ -44,4 +46,4 @@ application = ProtocolTypeRouter({
         re_path(r"", AccessLog(BodySizeLimit(RequestShare(KeptRequestThreads(django_app))))),
     ]),
     "websocket": DaphneBackPressure(SocketAuth(URLRouter(routing.websocket_urlpatterns))),
-})
+}))

@@ -113,6 +113,8 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",
     # An exhausted database pool is 503 busy, not 500 (its process_exception runs first).
     "awaken_site.busy.PoolExhaustedIsBusy",
+    # A page's template renders with no database connection held (after the view's reads).
+    "awaken_site.rendering.ReleaseBeforeRender",
 ]
 
 ROOT_URLCONF = "awaken_site.urls"

@@ -99,8 +99,10 @@ class Process:
     """One child process, run from the repository's root with its output in a log file:
     ``log_dir/<name>.log``, or a temporary file when no ``log_dir`` is given."""
 
-    def __init__(self, argv: list[str], *, name: str, env: dict, log_dir: Path | None = None):
+    def __init__(self, argv: list[str], *, name: str, env: dict, log_dir: Path | None = None,
+                 root: Path = ROOT):
         self.name = name
+        self.root = root
         self.argv = argv
         self.env = env
         if log_dir is None:
@@ -118,7 +120,7 @@ class Process:
         if self.popen is not None and self.running():
             raise ProcessFailed(f"{self.name} is running already")
         with open(self.log_path, "a") as log:
-            self.popen = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=log,
+            self.popen = subprocess.Popen(self.argv, cwd=self.root, env=self.env, stdout=log,
                                           stderr=subprocess.STDOUT)
         return self
 
@@ -413,9 +415,11 @@ class EmbeddedSite(Site):
     and a token.
     """
 
-    def __init__(self, var_dir: Path, extra_env: dict | None = None):
-        """``extra_env``: variables on top (a model provider, the agents to load...)."""
+    def __init__(self, var_dir: Path, extra_env: dict | None = None, root: Path = ROOT):
+        """``extra_env``: variables on top (a model provider, the agents to load...);
+        ``root``: the checkout to serve (another one's, to compare its figures)."""
         self.var = Path(var_dir)
+        self.root = Path(root)
         self.env = {key: value for key, value in os.environ.items()
                     if key not in UNCONFIGURED}
         self.env.update(AWAKEN_VAR_DIR=str(self.var), SECRET_KEY="embedded-test", DEBUG="0",
@@ -425,7 +429,8 @@ class EmbeddedSite(Site):
         self.admin_password: str | None = None
         port = free_port()
         super().__init__([sys.executable, "manage.py", "serve", "--port", str(port)],
-                         port=port, name="serve", env=self.env, log_dir=self.var)
+                         port=port, name="serve", env=self.env, log_dir=self.var,
+                         root=self.root)
 
     def ready(self) -> bool:
         """/healthz answers, and counts the embedded worker."""
@@ -440,7 +445,7 @@ class EmbeddedSite(Site):
 
     def manage(self, *args: str) -> str:
         """Run a management command on the site's own settings and database."""
-        return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env,
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=self.root, env=self.env,
                               check=True, capture_output=True, text=True).stdout
 
     def add_user(self, username: str, password: str, role: str) -> None:

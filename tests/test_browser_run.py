@@ -524,3 +524,106 @@ def test_a_message_from_the_runs_page_steers_the_agent_with_a_receipt(page, embe
                            ':has-text("the run is ended (completed)")')
     assert serious_violations(page) == []
     page.errors[:] = [e for e in page.errors if "409 (Conflict)" not in e]  # the refusal's
+
+
+class PanelTraffic:
+    """What a run's page asks the server for its panel, and the pushes of the run's tree
+    its list socket received."""
+
+    def __init__(self, page, run_id: str):
+        self.run_id = run_id
+        self.requests: list[str] = []
+        self.pushes = 0
+        self.tree = {run_id}
+        page.on("request", self.requested)
+        page.on("websocket", self.socket)
+
+    def requested(self, request):
+        if "/panel/" in request.url:
+            self.requests.append(request.url)
+
+    def socket(self, socket):
+        if socket.url.endswith("/ws/runs/"):
+            socket.on("framereceived", self.frame)
+
+    def frame(self, payload):
+        import json
+
+        message = json.loads(payload)
+        if message.get("type") == "run.changed":
+            run = message["run"]
+            if run["id"] in self.tree or run.get("parent_id") in self.tree:
+                self.tree.add(run["id"])
+                self.pushes += 1
+
+    @property
+    def whole(self) -> list[str]:
+        return [url for url in self.requests if "?" not in url]
+
+
+def panel_facts(page) -> dict:
+    """What the panel shows of the run: its state and version, the timeline's events and
+    live requests, and the child rows with their states."""
+    return page.evaluate("""() => ({
+      state: document.querySelector('[data-part="summary"]').dataset.state,
+      version: document.querySelector('[data-part="summary"]').dataset.version,
+      row: document.querySelector('[data-part="summary"] tr.run').dataset.state,
+      timeline: [...document.querySelectorAll('[data-part="timeline"] ol.timeline > li')]
+        .map((li) => li.dataset.seq || li.dataset.kind),
+      hidden: document.querySelector('[data-part="events-hidden"]').textContent.trim(),
+      children: [...document.querySelectorAll('[data-part="tree"] li')]
+        .map((li) => [li.dataset.runId, li.querySelector('.badge').dataset.state]),
+      output: document.querySelector('[data-part="io"]').textContent.includes('Output'),
+    })""")
+
+
+def settled_like_a_fresh_load(page, browser, site, run_id):
+    """The page, once the run has ended and its fetches are done, shows what a page loaded
+    now shows."""
+    fresh = logged_in(browser, site)
+    try:
+        fresh.goto(f"{site.base}/runs/{run_id}/")
+        fresh.wait_for_selector('#live[data-status="live"]')
+        expected = panel_facts(fresh)
+    finally:
+        fresh.close()
+    wait_until(lambda: panel_facts(page) == expected, 10, "the page to show the ended run")
+    return expected
+
+
+def test_a_busy_runs_page_follows_its_steps_part_by_part(page, browser, embedded_site):
+    """Each change of the run asks for its changed parts once at most (never the whole
+    panel after the first load), and the page ends as a fresh load shows the run."""
+    status, run = embedded_site.call("POST", "/api/runs/", {
+        "agent": "demo.steps", "input": {"steps": 40, "step_seconds": 0.05}})
+    assert status == 201
+    traffic = PanelTraffic(page, run["id"])
+    page.goto(f"{embedded_site.base}{run['url']}")
+    wait_until(lambda: embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]["state"]
+               == "ended", 30, "the run to end")
+    expected = settled_like_a_fresh_load(page, browser, embedded_site, run["id"])
+    assert expected["state"] == "ended" and expected["output"]
+    assert len([seq for seq in expected["timeline"] if seq.isdigit()]) > 40
+    assert traffic.pushes > 20  # those after the page connected
+    # One whole panel per connection (its snapshot), then parts: at most one per push.
+    assert len(traffic.whole) <= 1, traffic.whole
+    assert len(traffic.requests) <= traffic.pushes + 1, (len(traffic.requests), traffic.pushes)
+    assert all("after=" in url for url in traffic.requests if "?" in url), traffic.requests
+
+
+def test_a_parents_page_follows_its_children_row_by_row(page, browser, embedded_site):
+    status, run = embedded_site.call("POST", "/api/runs/", {
+        "agent": "demo.parent", "input": {
+            "children": 3, "child_agent": "demo.steps",
+            "child_input": {"steps": 10, "step_seconds": 0.05}}})
+    assert status == 201
+    traffic = PanelTraffic(page, run["id"])
+    page.goto(f"{embedded_site.base}{run['url']}")
+    wait_until(lambda: embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]["state"]
+               == "ended", 30, "the parent to end")
+    expected = settled_like_a_fresh_load(page, browser, embedded_site, run["id"])
+    assert [state for _, state in expected["children"]] == ["ended"] * 3
+    assert len(traffic.whole) <= 1, traffic.whole
+    assert len(traffic.requests) <= traffic.pushes + 1, (len(traffic.requests), traffic.pushes)
+    # A child's change asks for its row, not for the run's parts.
+    assert any("rows=" in url and "parts=" not in url for url in traffic.requests)

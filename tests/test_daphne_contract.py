@@ -6,6 +6,7 @@ import asyncio
 import functools
 
 import daphne.server  # installs Twisted's asyncio reactor, as daphne does when it starts
+import pytest
 from autobahn.websocket.protocol import PreparedMessage, WebSocketProtocol
 from daphne.ws_protocol import WebSocketFactory
 from daphne.ws_protocol import WebSocketProtocol as DaphneWebSocketProtocol
@@ -229,3 +230,30 @@ def test_a_streamed_response_registers_its_producer_on_daphnes_request():
     producer = attach_request(request)
     assert request.registered == (producer, True)
     assert attach_request(object()) is None
+
+
+@pytest.mark.parametrize("headers, answer", [
+    ([b"X-Big: " + b"a" * 17_000], b""),  # one line over 16 KiB: dropped, no answer
+    ([b"X-Part-%d: " % i + b"a" * 1000 for i in range(17)], b"HTTP/1.1 400 Bad Request"),
+])
+def test_twisteds_http_answers_oversized_headers_as_the_readme_says(headers, answer):
+    """The README's production section leaves oversized headers to the reverse proxy: the
+    HTTP channel daphne serves with (Twisted's) drops a connection whose header line is over
+    16 KiB without an answer, and answers a bare 400 to 16 KiB of headers in all, before
+    the application sees the request. Should it ever answer otherwise, the README changes."""
+    from daphne.http_protocol import HTTPFactory
+    from twisted.internet.testing import StringTransport
+
+    class Server:  # what daphne's request tells its server of a connection
+        def protocol_connected(self, protocol):
+            pass
+
+        def protocol_disconnected(self, protocol):
+            pass
+
+    protocol = HTTPFactory(Server()).buildProtocol(None)
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: x\r\n" + b"\r\n".join(headers) + b"\r\n\r\n")
+    assert transport.value().startswith(answer) and (answer or transport.value() == b"")
+    assert transport.disconnecting

@@ -242,3 +242,107 @@ def test_a_run_page_shows_its_newest_events_and_first_descendants_only(settings)
                    ).json()["results"]
     assert len(first) + len(rest) == total
     assert api.get(f"/api/runs/{run.id}/events/?limit=1001").status_code == 400
+
+
+class RenderWatch:
+    """Whether a connection was held when each template began to render, and the queries
+    run once the first had begun (``template_rendered`` is sent as a template starts)."""
+
+    def __init__(self):
+        self.held: list[bool] = []
+        self.queries: list[str] = []
+        self.read_before = 0  # the view's own reads, before any template began
+
+    def rendered(self, sender, **kwargs):
+        from django.db import connection
+
+        self.held.append(connection.connection is not None)
+
+    def __call__(self, execute, sql, params, many, context):
+        if self.held:
+            self.queries.append(sql)
+        else:
+            self.read_before += 1
+        return execute(sql, params, many, context)
+
+
+def busy_run():
+    """A run with something in every part of its page: events, activity, a child, a ticket
+    with a review link and a rerun."""
+    from runs.domain import review
+    from runs.domain.activity import activity_record
+
+    run, generation = running_run(agent="demo.approval")
+    activity_record(run_id=run.id, generation=generation,
+                    entries=[{"kind": "log", "text": "hello"}])
+    queued_run(parent_id=run.id)
+    domain.attempt_pause(run_id=run.id, generation=generation)
+    review.review_link_create(run_id=run.id, actor="pager", seconds=600)
+    domain.run_rerun(run_id=run.id)
+    return run
+
+
+def pages_of(run) -> list[str]:
+    return [f"/runs/{run.id}/", f"/runs/{run.id}/panel/", "/", "/?state=awaiting",
+            f"/runs/rows/?ids={run.id}", "/runs/rows/", f"/runs/{run.id}/activity/",
+            f"/runs/{run.id}/activity/?all=1", f"/runs/{run.id}/activity/?after=0",
+            "/workers/", "/bulk/", "/overview/"]
+
+
+def render_watched(paths, user):
+    from django.db import connection
+    from django.test.signals import template_rendered
+
+    browser = browser_for(user)
+    watched = {}
+    for path in paths:
+        watch = RenderWatch()
+        template_rendered.connect(watch.rendered)
+        try:
+            with connection.execute_wrapper(watch):
+                response = browser.get(path)
+        finally:
+            template_rendered.disconnect(watch.rendered)
+        assert response.status_code == 200, (path, response.status_code)
+        watched[path] = watch
+    return watched
+
+
+def test_no_page_reads_the_database_while_it_renders():
+    """A page reads what it shows, then renders: no template queries (each would hold a
+    connection of the pool for the rest of the render)."""
+    run = busy_run()
+    watched = render_watched(pages_of(run), make_user("renderer", "operator"))
+    assert {path: watch.queries for path, watch in watched.items() if watch.queries} == {}
+    # Each read the database, then rendered a template.
+    assert all(watch.read_before and watch.held for watch in watched.values())
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_page_gives_its_connection_back_to_the_pool_before_it_renders():
+    run = busy_run()
+    watched = render_watched(pages_of(run)[:6], make_user("pooled", "operator"))
+    assert {path: watch.held for path, watch in watched.items() if any(watch.held)} == {}
+
+
+def test_the_panel_renders_the_parts_asked_the_events_after_a_seq_and_child_rows():
+    from runs.models import Event
+
+    run, generation = running_run()
+    child = queued_run(parent_id=run.id)
+    grandchild = queued_run(parent_id=child.id)
+    for _ in range(3):
+        domain.attempt_step(run_id=run.id, generation=generation)
+    seqs = list(Event.objects.filter(run=run).order_by("seq").values_list("seq", flat=True))
+    browser = browser_for(make_user("parts", "viewer"))
+    base = f"/runs/{run.id}/panel/"
+    text = browser.get(f"{base}?parts=summary,timeline&after={seqs[-2]}").content.decode()
+    assert 'data-part="summary"' in text and 'data-part="timeline-new"' in text
+    assert 'data-part="tree"' not in text and 'data-part="io"' not in text
+    assert re.findall(r'data-seq="(\d+)"', text) == [str(seqs[-1])]
+    rows = browser.get(f"{base}?rows={grandchild.id},{child.id},{run.id}").content.decode()
+    assert re.findall(r'<li data-depth="(\d)" data-run-id="([\w-]+)"', rows) == [
+        ("1", str(grandchild.id)), ("0", str(child.id))]  # the run itself is no row
+    for query in ("parts=everything", "parts=summary&after=²", "rows=nope"):
+        assert browser.get(f"{base}?{query}").status_code == 400, query

@@ -4,7 +4,9 @@ The wait is woken by the change stream's push of the run's next committed change
 polling; the push carries the committed run, so waking costs no query, and the request
 holds no database connection while it waits. The view watches the run before its request
 is committed (``watching``): every change committed after it is pushed to the watch, so the
-run as the request committed it is all the wait needs to start from, with no read.
+run as the request committed it is all the wait needs to start from, with no read. When the
+web shuts down its watches are ended (``runs.sockets.shutdown``): a wait then answers at once
+with the run as committed, as one that ran out does (202 while the request is pending).
 """
 
 import time
@@ -43,7 +45,7 @@ def wait_until(run: Run, wait: float, done, watch) -> dict:
     that transaction: a later change is pushed to it. The run is read only when the wait
     ends without a push that is done, or when the stream was not subscribed yet."""
     deadline = time.monotonic() + wait
-    if wait <= 0 or done(run.state):
+    if wait <= 0 or watch.ended or done(run.state):  # ended: the process shuts down
         return committed(run.pk)
     version = run.version
     if not watch.live:  # not subscribed when the request began: a change may be unpushed

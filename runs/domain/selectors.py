@@ -448,26 +448,56 @@ STATE_KINDS = (EventKind.CREATED, EventKind.STARTED, EventKind.PAUSED, EventKind
                EventKind.REQUEUED, EventKind.ENDED)
 
 
-def run_page(*, run_id) -> dict:
-    """Everything a run's page shows: the run, its newest ``PAGE_EVENTS`` events (and its
+# The parts of a run's page, which its live updates fetch one by one (``run_page(parts=)``).
+PAGE_PARTS = ("summary", "ask", "io", "requests", "timeline", "attempts", "tree")
+
+
+def run_page(*, run_id, parts=PAGE_PARTS, after: int | None = None, rows=None) -> dict:
+    """What a run's page shows: the run, its newest ``PAGE_EVENTS`` events (and its
     newest state changes, which date its state), attempts, tickets, control requests, and
-    the first ``PAGE_TREE`` of its descendants."""
+    the first ``PAGE_TREE`` of its descendants. With ``parts``, only what those parts
+    show; with ``after``, the timeline's events after that seq; with ``rows``, those of
+    the named runs that are in its tree, with their depth."""
     run = run_get(run_id)
-    tree = run_tree(run, most=PAGE_TREE)
-    events = list(run.events.order_by("-seq")[:PAGE_EVENTS])[::-1]
-    return {
-        "run": run,
-        "events": events,
-        "events_hidden": max(0, run.version - len(events)),
-        "state_events": list(run.events.filter(kind__in=STATE_KINDS)
-                             .order_by("-seq")[:PAGE_EVENTS])[::-1],
-        "tree_cut": len(tree) >= PAGE_TREE,
-        "attempts": list(run.attempts.order_by("generation")),
-        "tickets": list(run.tickets.order_by("created_at")),
-        "intents": list(run.intents.order_by("requested_at")),
-        "tree": tree,
-        "tree_ids": [str(run.id), *(str(child.id) for _, child in tree)],
-    }
+    page = {"run": run}
+    if {"summary", "requests"} & set(parts):
+        page["state_events"] = list(run.events.filter(kind__in=STATE_KINDS)
+                                    .order_by("-seq")[:PAGE_EVENTS])[::-1]
+    if "timeline" in parts:
+        events = run.events if after is None else run.events.filter(seq__gt=after)
+        page["events"] = list(events.order_by("-seq")[:PAGE_EVENTS])[::-1]
+        # Older than what the page shows: the page keeps the newest PAGE_EVENTS.
+        shown = len(page["events"]) if after is None else PAGE_EVENTS
+        page["events_hidden"] = max(0, run.version - shown)
+    if "attempts" in parts:
+        page["attempts"] = list(run.attempts.order_by("generation"))
+    if "requests" in parts:
+        page["intents"] = list(run.intents.order_by("requested_at"))
+    if "tree" in parts:
+        tree = run_tree(run, most=PAGE_TREE)
+        page.update(tree=tree, tree_cut=len(tree) >= PAGE_TREE,
+                    tree_ids=[str(run.id), *(str(child.id) for _, child in tree)])
+    if rows is not None:
+        page["rows"] = tree_rows(run, rows)
+    return page
+
+
+def tree_rows(run: Run, ids) -> list[tuple[int, Run]]:
+    """Those of the runs ``ids`` that descend from ``run`` within the levels its page shows,
+    each with its depth under it (0: a child), in the order asked."""
+    found = {child.id: child for child in runs().filter(pk__in=ids)}
+    parents = {child_id: child.parent_id for child_id, child in found.items()}
+    depths = {}
+    for child_id in found:
+        depth, parent = 0, parents[child_id]
+        while parent is not None and parent != run.id and depth < 5:
+            if parent not in parents:  # an ancestor not read yet
+                parents.update(runs().filter(pk=parent).values_list("id", "parent_id"))
+            depth, parent = depth + 1, parents.get(parent)
+        if parent == run.id:
+            depths[child_id] = depth
+    return [(depths[child.id], child) for child in (found.get(i) for i in ids)
+            if child is not None and child.id in depths]
 
 
 def run_tree(run: Run, *, levels: int = 5, most: int | None = None) -> list[tuple[int, Run]]:

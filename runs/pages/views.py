@@ -5,7 +5,8 @@ import json
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import BadRequest, PermissionDenied
 from django.http import Http404, JsonResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
 from django.templatetags.static import static
 from django.utils import timezone
 from django.views.decorators.http import require_GET
@@ -100,7 +101,7 @@ def sort_links(chosen: filters.ListFilter) -> dict:
 def index(request):
     chosen = filters.read(request.GET)
     runs, cursor = page_of_runs(request, chosen)
-    return render(request, "runs/index.html", page_context(
+    return TemplateResponse(request, "runs/index.html", page_context(
         request, runs=with_pending(nested(runs)), cursor=cursor, filter=chosen,
         statuses=filters.STATUSES, sorts=sort_links(chosen), query=chosen.query(),
         api_filter=chosen.api(), **new_run_form()))
@@ -139,10 +140,10 @@ def rows(request):
         found = selectors.runs_among(ids=ids, filters=chosen.matching(), search=chosen.q)
         for run in found:
             run.depth, run.child_count = 0, 0
-        return render(request, "runs/_rows.html", page_context(
+        return TemplateResponse(request, "runs/_rows.html", page_context(
             request, runs=with_pending(found), cursor=None))
     runs, cursor = page_of_runs(request, chosen)
-    return render(request, "runs/_rows.html", page_context(
+    return TemplateResponse(request, "runs/_rows.html", page_context(
         request, runs=with_pending(nested(runs)), cursor=cursor, query=chosen.query()))
 
 
@@ -155,7 +156,7 @@ def overview(request):
     chosen = ("custom" if request.GET.get("since")
               else request.GET.get("window") if request.GET.get("window") in dict(RANGES)
               else "3600")
-    return render(request, "runs/overview.html", page_context(
+    return TemplateResponse(request, "runs/overview.html", page_context(
         request, ranges=RANGES, chosen_range=chosen, live_states=LIVE_STATES,
         end_causes=EndCause.values, agent_columns=1 + len(LIVE_STATES) + len(EndCause) + 4))
 
@@ -168,7 +169,7 @@ RANGES = [("900", "last 15 minutes"), ("3600", "last hour"), ("21600", "last 6 h
 @require_GET
 def workers(request):
     """The worker processes: alive or lost, capacity, live attempts; Drain for operators."""
-    return render(request, "runs/workers.html", page_context(
+    return TemplateResponse(request, "runs/workers.html", page_context(
         request, workers=selectors.workers(), now=timezone.now()))
 
 
@@ -181,7 +182,8 @@ def bulk_jobs(request):
     except InvalidRequest:
         raise Http404("This page of bulk jobs does not exist (the link is stale or was "
                       "edited).") from None
-    return render(request, "runs/bulk.html", page_context(request, jobs=jobs, cursor=cursor))
+    return TemplateResponse(request, "runs/bulk.html",
+                            page_context(request, jobs=jobs, cursor=cursor))
 
 
 BULK_VIEWS = {"row": "runs/_bulk_row.html", "progress": "runs/_bulk_progress.html"}
@@ -197,7 +199,8 @@ def bulk_rows(request):
     if view is None:
         raise BadRequest("view is row or progress.")
     jobs = bulk.bulk_jobs_among(request.GET.get("ids", "").split(",")[:MAX_ASKED])
-    return render(request, "runs/_bulk_jobs.html", page_context(request, jobs=jobs, view=view))
+    return TemplateResponse(request, "runs/_bulk_jobs.html",
+                            page_context(request, jobs=jobs, view=view))
 
 
 @viewer_required
@@ -206,40 +209,69 @@ def detail(request, run_id):
     panel = run_panel(run_id)
     entries = activity.run_activity(run_id=panel["run"].id, last=activity.SHOWN)
     # The panel's re-renders leave the activity log out: the page keeps the one it grows.
-    return render(request, "runs/detail.html", page_context(
+    return TemplateResponse(request, "runs/detail.html", page_context(
         request, **panel, with_activity=True, entries=entries))
 
 
 @viewer_required
 @require_GET
 def panel(request, run_id):
-    """The live part of a run's page, re-rendered when the run or a descendant changes."""
-    return render(request, "runs/_panel.html", page_context(request, **run_panel(run_id)))
+    """The live part of a run's page. Whole, or only some of its parts, which is how the
+    page follows the pushes: ``parts`` (comma-separated, of ``selectors.PAGE_PARTS``),
+    with ``after`` the timeline's events after that seq only, and ``rows`` (run ids) the
+    rows of those runs in its tree of child runs."""
+    if not {"parts", "rows", "after"} & request.GET.keys():
+        return TemplateResponse(request, "runs/_panel.html",
+                                page_context(request, **run_panel(run_id)))
+    parts = [part for part in request.GET.get("parts", "").split(",") if part]
+    if not set(parts) <= set(selectors.PAGE_PARTS):
+        raise BadRequest(f"parts are among {', '.join(selectors.PAGE_PARTS)}.")
+    after = None
+    if "after" in request.GET:
+        after = limits.plain_integer(request.GET["after"])
+        if after is None:
+            raise BadRequest("after is a sequence number (ASCII digits).")
+    rows = None
+    if "rows" in request.GET:
+        try:
+            rows = [selectors.parse_run_id(part) for part in request.GET["rows"].split(",")
+                    if part][:MAX_ASKED]
+        except RunNotFound:
+            raise BadRequest("rows are run ids, comma-separated.") from None
+    return TemplateResponse(request, "runs/_panel_parts.html", page_context(
+        request, **run_panel(run_id, parts=parts, after=after, rows=rows), parts=parts))
 
 
-def run_panel(run_id) -> dict:
+def run_panel(run_id, *, parts=selectors.PAGE_PARTS, after=None, rows=None) -> dict:
+    """What the panel's ``parts`` show (all by default); see ``panel``."""
     try:
-        page = selectors.run_page(run_id=run_id)
+        page = selectors.run_page(run_id=run_id, parts=parts, after=after, rows=rows)
     except RunNotFound:
         raise Http404("No such run.") from None
     run = with_pending([page["run"]])[0]
-    facts = activity.activity_facts(run_id=run.id)
-    events = page["events"]
-    changed = page["state_events"]
-    # Newest first; a live request (a pause) shows where it was taken, before its effect.
-    timeline = sorted([*((event.at, 1, "event", event) for event in events),
-                       *((entry.at, 0, "request", entry) for entry in facts["live_requests"])],
-                      key=lambda item: item[:2], reverse=True)
-    return {**page, **facts,
-            "timeline": [(kind, item) for _, _, kind, item in timeline],
-            "state_since": changed[-1].at if changed else run.created_at,
-            "requests": control_rows(page["intents"], facts["live_requests"], changed),
-            "current_attempt": next((a for a in page["attempts"] if a.closed_at is None),
-                                    None),
-            "reruns": list(selectors.runs().filter(rerun_of_id=run.id).select_related(None)
-                           .order_by("created_at").only("id", "created_at")),
-            "review_links": review.review_links(run_id=run.id),
-            "policy_reasons": POLICY_REASONS, "raise_limit": raise_limit(run)}
+    context = {"rows": None, **page, "after": after, "page_events": selectors.PAGE_EVENTS}
+    if {"summary", "requests", "timeline"} & set(parts):
+        context.update(activity.activity_facts(run_id=run.id))
+    changed = page.get("state_events", [])
+    if "summary" in parts:
+        context.update(
+            state_since=changed[-1].at if changed else run.created_at,
+            reruns=list(selectors.runs().filter(rerun_of_id=run.id).select_related(None)
+                        .order_by("created_at").only("id", "created_at")))
+    if "ask" in parts:
+        context.update(review_links=review.review_links(run_id=run.id),
+                       policy_reasons=POLICY_REASONS, raise_limit=raise_limit(run))
+    if "requests" in parts:
+        context["requests"] = control_rows(page["intents"], context["live_requests"], changed)
+    if "timeline" in parts:
+        # Newest first; a live request (a pause) shows where it was taken, before its
+        # effect. The events after a seq come alone: the page has its live requests.
+        requests = context["live_requests"] if after is None else []
+        timeline = sorted([*((event.at, 1, "event", event) for event in page["events"]),
+                           *((entry.at, 0, "request", entry) for entry in requests)],
+                          key=lambda item: item[:2], reverse=True)
+        context["timeline"] = [(kind, item) for _, _, kind, item in timeline]
+    return context
 
 
 # Tickets the host's policies open (not the agent or an operator): the page says why.
@@ -293,12 +325,12 @@ def activity_log(request, run_id):
         after = limits.plain_integer(request.GET["after"])
         if after is None:
             raise BadRequest("after is a sequence number (ASCII digits).")
-        return render(request, "runs/_activity_entries.html", {
+        return TemplateResponse(request, "runs/_activity_entries.html", {
             "entries": activity.run_activity(run_id=run.id, after=after)[:activity.SHOWN],
             "activity_total": activity.activity_count(run_id=run.id)})
     shown_all = request.GET.get("all") == "1"
     entries = activity.run_activity(run_id=run.id, last=None if shown_all else activity.SHOWN)
-    return render(request, "runs/activity.html" if shown_all else "runs/_activity.html", {
+    return TemplateResponse(request, "runs/activity.html" if shown_all else "runs/_activity.html", {
         "run": run, "entries": entries, "shown_all": shown_all,
         "activity_total": activity.activity_count(run_id=run.id)})
 
@@ -348,8 +380,8 @@ def review_page(request, token):
     try:
         found = review.review_link_open(token=token)
     except ServiceError as error:
-        return render(request, "runs/review.html", {
+        return TemplateResponse(request, "runs/review.html", {
             "problem": LINK_PROBLEMS.get(error.code, error.message)}, status=error.status)
-    return render(request, "runs/review.html", {"review": found})
+    return TemplateResponse(request, "runs/review.html", {"review": found})
 
 

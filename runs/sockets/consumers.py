@@ -27,6 +27,7 @@ from runs.domain.errors import RunNotFound
 from runs.domain.roles import is_viewer
 from runs.sockets.daphne import SCOPE_KEY as TRANSPORT_PRODUCER
 from runs.sockets.recheck import REVOKED, Admission, rechecks
+from runs.sockets.shutdown import GOING_AWAY
 
 MAX_COMMAND_CHARS = 1024  # a resume is some 40
 MAX_SEQ = 2**63 - 1  # seq is a bigint
@@ -149,6 +150,11 @@ class RunsConsumer(AsyncWebsocketConsumer):
         """The socket's admission no longer holds (logout, deactivation, lost role or token)."""
         self.forget()
         await self.close(code=REVOKED)
+
+    async def going_away(self) -> None:
+        """The server shuts down: close with 4012 (the page reconnects)."""
+        self.forget()
+        await self.close(code=GOING_AWAY)
 
 
 class Refused(AsyncWebsocketConsumer):

@@ -204,6 +204,22 @@ class DaphneBackPressure:
         return await self.inner(scope, receive, send)
 
 
+def on_shutdown(callback) -> None:
+    """Call ``callback()`` when daphne's reactor begins to shut down (SIGTERM, SIGINT), before
+    it stops: Twisted's public ``addSystemEventTrigger``, in the phase where daphne cancels
+    its application instances and waits for them; the reactor also waits for the coroutine
+    ``callback`` returns (``Deferred.fromFuture``). Called from a running daphne only."""
+    from twisted.internet import defer, reactor
+
+    def trigger():
+        waited = callback()
+        if waited is not None:
+            return defer.Deferred.fromFuture(asyncio.ensure_future(waited))
+        return None
+
+    reactor.addSystemEventTrigger("before", "shutdown", trigger)
+
+
 def serve(application, *, host: str, port: int) -> None:
     """Serve ``application`` over HTTP and websockets on ``host``:``port`` with daphne, in
     this thread, until the process ends."""

@@ -231,3 +231,7 @@ class RunStream(AsyncHttpConsumer):
     async def revoke(self) -> None:
         """The stream's admission no longer holds (logout, deactivation, lost role or token)."""
         await self.end()
+
+    async def going_away(self) -> None:
+        """The server shuts down: end the response (the client resumes elsewhere)."""
+        await self.end()

@@ -94,6 +94,10 @@ class SocketRechecks:
         if members is not None:
             members.pop(socket, None)
 
+    def members(self) -> list:
+        """The open sockets and streams of this process on the running loop."""
+        return list(self._sockets.get(asyncio.get_running_loop(), ()))
+
     def checked(self) -> int:
         """How many open sockets of this process are checked."""
         return sum(len(members) for members in self._sockets.values())

@@ -1,5 +1,5 @@
-// A run's page: its panel re-rendered by the server on each committed change of the run or
-// its children, the controls, the activity log as it grows, the live (uncommitted) output
+// A run's page: its panel kept current part by part from the server's renderings on each
+// committed change of the run or its children, the controls, the activity log as it grows, the live (uncommitted) output
 // of its model calls, and times shown in the reader's own zone.
 
 import { $, absoluteTime, keepFocus, Live, relativeTime, shortId, showDurations, span, toast } from "./common.js";
@@ -50,51 +50,126 @@ function tick() {
 
 // --- the panel ------------------------------------------------------------------------------
 
+// The panel is made of parts (`data-part`), each rendered by the server, and follows the
+// pushes part by part: a change of the run fetches its summary, ask, requests and attempts
+// parts and the timeline's events after the newest one shown (its input and output too when
+// its state changed); a change of a child fetches that child's row (the whole tree when
+// the child is new); the socket's snapshot (a first connection, a reconnection) fetches
+// the whole panel. What is asked within 50 ms, or while a fetch is out, goes as one request.
+const RUN_PARTS = ["summary", "ask", "requests", "attempts"];
+
 function runPage(panel) {
   const runId = panel.dataset.runId;
-  let pending = null;
-  let shown = null;  // the server's last rendering of the panel
-  const refresh = () => {
-    clearTimeout(pending);
-    pending = setTimeout(async () => {
-      const response = await fetch(`/runs/${runId}/panel/`, { credentials: "same-origin" });
-      if (!response.ok) return;
-      const html = await response.text();
-      if (html === shown) return;  // nothing the panel shows has changed
-      shown = html;
-      // Read as the panel is replaced, not before the answer came: entries appended
-      // meanwhile (a reconnect brings both at once) would be scrolled away from.
-      const open = [...panel.querySelectorAll("details[open] > summary")].map((s) => s.textContent);
-      const link = panel.querySelector('[data-field="new-link"]:not([hidden])');
-      const log = panel.querySelector("#activity:not([data-placeholder])");
-      const list = log?.querySelector(".activity-log");
-      const scrolled = list?.scrollTop;
-      const following = list && list.scrollTop + list.clientHeight >= list.scrollHeight - 8;
-      keepFocus(panel, panel, () => { panel.innerHTML = html; });
-      if (log) {  // it grows on its own; moved back where it was, scrolled as it was
-        panel.querySelector("#activity")?.replaceWith(log);
-        list.scrollTop = following ? list.scrollHeight : scrolled;
-      }
-      for (const summary of panel.querySelectorAll("details > summary")) {
-        if (open.includes(summary.textContent)) summary.parentElement.open = true;
-      }
-      if (link) panel.querySelector('[data-field="new-link"]')?.replaceWith(link);
-      localTimes(panel);
-      showDurations(panel);
-      tick();
-    }, 50);
+  const part = (name) => panel.querySelector(`[data-part="${name}"]`);
+  const shown = () => part("summary")?.dataset || {};
+  const treeIds = () => (part("tree")?.dataset.treeIds || runId).split(",");
+  const newestSeq = () => Number(panel.querySelector('[data-part="timeline"] li[data-seq]')?.dataset.seq || 0);
+  let wanted = null;
+  let timer = null;
+  let fetching = false;
+
+  // What is wanted gathers until the next fetch: 50 ms after the first want, or once the
+  // fetch out has ended; so there is one request at a time, however fast the pushes come.
+  const want = (change) => {
+    wanted ??= { whole: false, parts: new Set(), newEvents: false, rows: new Set() };
+    change(wanted);
+    if (timer === null && !fetching) timer = setTimeout(next, 50);
   };
-  const inTree = (run) => {
-    const ids = ($(".panel", panel)?.dataset.treeIds || runId).split(",");
-    return ids.includes(run.id) || (run.parent_id && ids.includes(run.parent_id));
+  async function next() {
+    timer = null;
+    if (fetching || !wanted) return;
+    const asked = wanted;
+    wanted = null;
+    fetching = true;
+    try {
+      await fetchParts(asked);
+    } catch {
+      // Offline: once the socket is back, its snapshot fetches the whole panel.
+    } finally {
+      fetching = false;
+      if (wanted && timer === null) timer = setTimeout(next, 50);
+    }
+  }
+
+  async function fetchParts(asked) {
+    let url = `/runs/${runId}/panel/`;
+    if (!asked.whole) {
+      const query = new URLSearchParams();
+      const parts = [...asked.parts];
+      if (asked.newEvents && !asked.parts.has("timeline")) {
+        parts.push("timeline");
+        query.set("after", newestSeq());
+      }
+      if (parts.length) query.set("parts", parts.join(","));
+      if (asked.rows.size) query.set("rows", [...asked.rows].join(","));
+      url += `?${query}`;
+    }
+    const response = await fetch(url, { credentials: "same-origin" });
+    if (!response.ok) return;
+    const holder = document.createElement("div");
+    holder.innerHTML = await response.text();
+    for (const fresh of holder.querySelectorAll("[data-part]")) {
+      if (fresh.parentElement.closest("[data-part]")) continue;  // inside a part that is placed
+      place(fresh);
+    }
+    localTimes(panel);
+    showDurations(panel);
+    tick();
+  }
+
+  function place(fresh) {
+    const name = fresh.dataset.part;
+    if (name === "timeline-new") {
+      const list = part("timeline")?.querySelector("ol.timeline");
+      if (!list) return;
+      const seq = newestSeq();
+      list.prepend(...[...fresh.children].filter((item) => !item.dataset.seq || Number(item.dataset.seq) > seq));
+      const events = list.querySelectorAll("li[data-seq]");  // the newest the server shows, no more
+      for (let i = Number(fresh.dataset.eventsAtMost); i < events.length; i++) events[i].remove();
+      return;
+    }
+    if (name === "rows") {
+      for (const row of [...fresh.children]) {
+        const old = part("tree")?.querySelector(`li[data-run-id="${row.dataset.runId}"]`);
+        if (old) old.replaceWith(row);
+        else want((w) => w.parts.add("tree"));
+      }
+      return;
+    }
+    const old = part(name);
+    if (!old) return;
+    const open = [...old.querySelectorAll("details[open] > summary")].map((s) => s.textContent);
+    const link = old.querySelector('[data-field="new-link"]:not([hidden])');
+    keepFocus(old, fresh, () => old.replaceWith(fresh));
+    for (const summary of fresh.querySelectorAll("details > summary")) {
+      if (open.includes(summary.textContent)) summary.parentElement.open = true;
+    }
+    if (link) fresh.querySelector('[data-field="new-link"]')?.replaceWith(link);
+  }
+
+  // The run as committed, pushed or answered: what it changed is fetched. A push of a
+  // version shown already asks nothing; an answer always asks (a request may be pending).
+  const changed = (run, answered = false) => {
+    if (!answered && run.version <= Number(shown().version || 0)) return;
+    want((w) => {
+      for (const name of RUN_PARTS) w.parts.add(name);
+      w.newEvents = true;
+      if (!run?.state || run.state !== shown().state) w.parts.add("io");
+    });
   };
   new Live("/ws/runs/", (message) => {
-    if (message.type === "run.changed" && inTree(message.run)) refresh();
-    if (message.type === "snapshot") refresh();
+    if (message.type === "snapshot") want((w) => { w.whole = true; });
+    if (message.type !== "run.changed") return;
+    const run = message.run;
+    if (run.id === runId) changed(run);
+    else if (treeIds().includes(run.id)) want((w) => w.rows.add(run.id));
+    else if (run.parent_id && treeIds().includes(run.parent_id)) want((w) => w.parts.add("tree"));
   });
-  // A control's answer: the panel is rendered again by the server, as for a push.
-  const apply = () => refresh();
-  return { apply, refresh };
+  // A control's answer, a live request taken (it shows in the timeline), a link made.
+  const refresh = (names = [...RUN_PARTS, "timeline"]) => want((w) => {
+    for (const name of names) w.parts.add(name);
+  });
+  return { apply: (run) => changed(run, true), refresh };
 }
 
 // The panel's own buttons (outside the row): run again, approve / reject, answer, links.
@@ -168,7 +243,7 @@ function panelActions(panel, page, control) {
       case "make-link":
         await run(async () => {
           const link = (await send("POST", `/api/runs/${runId}/review-links/`, {})).data;
-          page.refresh();
+          page.refresh(["ask"]);
           const box = panel.querySelector('[data-field="new-link"]');
           box.querySelector('[data-field="new-link-url"]').value = link.url;
           box.hidden = false;
@@ -183,7 +258,7 @@ function panelActions(panel, page, control) {
         await run(async () => {
           await send("POST", `/api/runs/${runId}/review-links/${id}/revoke/`);
           toast("Link revoked: it can no longer be opened.");
-          page.refresh();
+          page.refresh(["ask"]);
         });
         break;
       }

@@ -225,7 +225,15 @@ class Command(BaseCommand):
         parser.add_argument("what", nargs="?", default="all",
                             choices=["all", "cancel", "provider", "push", "lifecycle", "list",
                                      "memory", "sql", "metrics", "leases", "spread",
-                                     "hostile", "flood"])
+                                     "hostile", "flood", "watch"])
+        parser.add_argument("--watchers", type=int, default=3,
+                            help="watch: browser pages on the busy run's page.")
+        parser.add_argument("--watch-kind", default="steps,parent",
+                            help="watch: the busy runs, steps (its own) and/or parent (its "
+                                 "children's), comma-separated.")
+        parser.add_argument("--root", default=None,
+                            help="watch: the checkout whose embedded site is served (another "
+                                 "one's, to compare; this one by default).")
         parser.add_argument("--live", default="1,100,500",
                             help="cancel: numbers of other live attempts on the worker.")
         parser.add_argument("--cancels", type=int, default=300,
@@ -296,6 +304,9 @@ class Command(BaseCommand):
             return
         if what == "leases":  # in this process alone too
             self.print_table(with_load(lambda: leases_bench(options["leased"])))
+            return
+        if what == "watch":  # an embedded site of its own, on SQLite
+            self.watch(options["watchers"], options["watch_kind"].split(","), options["root"])
             return
         if what == "hostile" and options["embedded"]:  # a site of its own, on SQLite
             self.hostile_embedded(hostile.Sizes.scaled(options["scale"]), options["rounds"],
@@ -915,6 +926,31 @@ class Command(BaseCommand):
                                     viewer=viewer.getvalue().strip(), log=web.log)
             self.print_hostile("daphne, " + self.layout(), hostile.attack(
                 target, sizes, rounds=rounds, seed=seed, say=self.stdout.write))
+
+    def watch(self, watchers: int, kinds: list[str], root: str | None) -> None:
+        """``watchers`` browsers on a busy run's page (``harness.watching``), on the embedded
+        site of this checkout or of ``root``; prints the requests and bytes per push and a
+        list user's latency alone and meanwhile."""
+        from harness import watching
+
+        options = {} if root is None else {"root": Path(root)}
+        self.stdout.write(f"load average (1 min) at the start: {self.load:.2f} on "
+                          f"{os.cpu_count()} CPUs")
+        for kind in kinds:
+            with EmbeddedSite(Path(tempfile.mkdtemp(prefix="awaken-watch-")),
+                              **options) as site:
+                site.wait_ready()
+                figures = watching.watch(site, watchers=watchers, kind=kind,
+                                         say=lambda text: None)
+            self.stdout.write(
+                f"{kind}: {watchers} pages, {figures['pushes']} pushes received, "
+                f"{figures['requests']} panel requests ({figures['requests_per_push']:.2f} "
+                f"per push), {figures['bytes'] / 1024:.0f} KiB "
+                f"({figures['bytes_per_push'] / 1024:.1f} KiB per push); list page p50 / p95 "
+                f"alone {figures['list_alone_p50']:.1f} / {figures['list_alone_p95']:.1f} ms, "
+                f"meanwhile {figures['list_watched_p50']:.1f} / "
+                f"{figures['list_watched_p95']:.1f} ms ({figures['list_loads']} loads)")
+        self.stdout.write(f"load average (1 min) at the end: {load_average():.2f}")
 
     def hostile_embedded(self, sizes, rounds, seed) -> None:
         """The hostile-input attack against the embedded site (``manage.py serve``: web,
