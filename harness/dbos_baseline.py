@@ -14,6 +14,7 @@ DBOS is a development dependency only (the ``dev`` extras), imported here when a
 """
 
 import importlib.util
+import logging
 import random
 import sys
 import time
@@ -104,6 +105,8 @@ class DbosSystem:
             self.url = database_url_of(self.database)
             administer(f'CREATE DATABASE "{self.database}"')
             self.created = True
+            # DBOS logs each of its migrations at INFO: the benchmark's output is its table.
+            logging.getLogger("dbos").setLevel(logging.WARNING)
             DBOS.migrate(self.url)
             self.marks = psycopg.connect(self.url, autocommit=True, connect_timeout=10,
                                          options="-c statement_timeout=30000")
