@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from io import StringIO
 from operator import itemgetter
@@ -40,6 +40,7 @@ from harness.baseline import bench_hang
 from harness.dbos_baseline import DbosSystem
 from harness.processes import (
     EmbeddedSite,
+    PrivateRedis,
     Process,
     Processes,
     ProcessFailed,
@@ -260,6 +261,9 @@ class Command(BaseCommand):
         parser.add_argument("--webs", type=int, default=1,
                             help="lifecycle, spread: web processes, the callers (lifecycle) "
                                  "or the cancels (spread) spread over them in turn.")
+        parser.add_argument("--private-redis", action="store_true",
+                            help="lifecycle: ours and Celery's on a Redis server of the "
+                                 "benchmark's own, its CPU counted with the system's.")
         parser.add_argument("--list-runs", type=int, default=100_000,
                             help="list: runs in the database (imported in bulk if fewer).")
         parser.add_argument("--attempts", type=int, default=500,
@@ -320,7 +324,8 @@ class Command(BaseCommand):
             "lifecycle": lambda: self.lifecycle(options["lifecycles"], options["workers"],
                                                 options["rounds"], options["no_baseline"],
                                                 options["count_every"], options["webs"],
-                                                not options["no_dbos"], options["dbos_poll"]),
+                                                not options["no_dbos"], options["dbos_poll"],
+                                                options["private_redis"]),
             "list": lambda: self.list_latency(options["list_runs"]),
             "memory": lambda: self.memory(options["attempts"]),
             "sql": lambda: self.statements(options["transitions"]),
@@ -660,7 +665,7 @@ class Command(BaseCommand):
 
     def lifecycle(self, total: int, workers: int, rounds: int = 1, no_baseline: bool = False,
                   every: float = 0.25, webs: int = 1, dbos: bool = True,
-                  dbos_poll: float = 0.05) -> list:
+                  dbos_poll: float = 0.05, private_redis: bool = False) -> list:
         """Lifecycles per second, by one protocol for every side: 8 callers send ``total``
         creates without waiting for any (``KeptConnection``, spread over ``webs`` web
         processes), ``workers`` worker processes complete them (create -> claim -> one step
@@ -673,7 +678,9 @@ class Command(BaseCommand):
         hold their connections to PostgreSQL). Each row has the CPU per lifecycle of the
         system (web, workers, the PostgreSQL backends of its database) apart from the
         benchmark's own (its callers and its count), and the load average at the start and
-        the end of its measurement. A baseline that cannot be measured is a row saying why."""
+        the end of its measurement. A baseline that cannot be measured is a row saying why.
+        ``private_redis``: ours and Celery's run on a Redis server of the benchmark's own,
+        whose CPU is then counted with the system's."""
         spec = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
         bench_user = get_user_model().objects.get(username="bench").pk
         rows = []
@@ -683,9 +690,16 @@ class Command(BaseCommand):
         where = (f"{webs} web processes, " if webs > 1 else "") + f"{workers} workers"
         for round_ in range(1, rounds + 1):
             key = f"{workers} wkr" if rounds == 1 else f"r{round_}"
-            with self.system_of(webs, workers) as (started_webs, started_workers):
+            with ExitStack() as stack:
+                redis_server = (stack.enter_context(PrivateRedis()).wait_ready(30)
+                                if private_redis else None)
+                on_redis = ({"REDIS_URL": redis_server.url, "CELERY_BROKER_URL": redis_server.url}
+                            if redis_server else None)
+                started_webs, started_workers = stack.enter_context(
+                    self.system_of(webs, workers, on_redis))
                 groups = {"web": [web.pid for web in started_webs],
-                          "workers": [w.pid for w in started_workers]}
+                          "workers": [w.pid for w in started_workers],
+                          **({"Redis": [redis_server.pid]} if redis_server else {})}
                 ports = [started_webs[caller % webs].port for caller in range(CALLERS)]
                 for how, size, name in (("one run per request", 1, "singles"),
                                         ("batches of 50", 50, "batches")):
@@ -707,9 +721,14 @@ class Command(BaseCommand):
                     system_cpu[name].append(rows[-2][2])
             if no_baseline:
                 continue
-            with BaselineSystem(workers, every) as baseline:
+            with ExitStack() as stack:
+                redis_server = (stack.enter_context(PrivateRedis()).wait_ready(30)
+                                if private_redis else None)
+                baseline = stack.enter_context(BaselineSystem(
+                    workers, every, redis_server.url if redis_server else None))
                 load = load_average()
-                cpu = CpuMeter({"workers": [baseline.worker.pid]})
+                cpu = CpuMeter({"workers": [baseline.worker.pid],
+                                **({"Redis": [redis_server.pid]} if redis_server else {})})
                 done, elapsed = baseline.run(total)
                 spent = cpu.per(done)
                 rates["baseline"].append(done / elapsed)
@@ -1298,11 +1317,12 @@ class BaselineSystem:
     its own; results: Celery's SQLAlchemy backend on the project's PostgreSQL, in tables of
     its own, emptied before each measurement."""
 
-    def __init__(self, processes: int, every: float):
+    def __init__(self, processes: int, every: float, broker: str | None = None):
+        """``broker``: another broker than the project's (the benchmark's private Redis)."""
         self.processes, self.every = processes, every
         self.queue = f"awaken-baseline-{uuid.uuid4().hex[:8]}"
         self.backend = celery_db.backend_url(database_url())
-        self.broker = settings.CELERY_BROKER_URL
+        self.broker = broker or settings.CELERY_BROKER_URL
         broker = self.broker.split(":", 1)[0]
         self.note = (f"prefork -c {processes}, {CALLERS} callers sending without waiting, "
                      f"broker {broker} (the same as ours), task_track_started, results in "
