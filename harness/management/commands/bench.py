@@ -367,7 +367,8 @@ class Command(BaseCommand):
             served = [processes.add(Web(name=f"web{index}" if index else "web", extra_env=env,
                                         log_dir=logs)) for index in range(webs)]
             started = [processes.add(Worker(f"bench{index}-{queue}", queue=queue, concurrency=8,
-                                            extra_env=env, loglevel="WARNING", log_dir=logs))
+                                            extra_env=env, loglevel="WARNING", log_dir=logs,
+                                            broker=env.get("CELERY_BROKER_URL")))
                        for index in range(workers)]
             processes.wait_ready(90)
             try:
