@@ -121,7 +121,7 @@ needs_dbos = pytest.mark.skipif(not dbos_baseline.installed(),
 
 @needs_dbos
 @pytest.mark.postgres
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # no test transaction left idle while DBOS works
 def test_the_dbos_baseline_runs_workflows_on_its_workers_and_stops_a_cancelled_one_between_steps():
     before = dbos_databases()
     with DbosSystem(2, poll=0.02, callers=2) as system:
@@ -147,10 +147,27 @@ def test_the_dbos_baseline_runs_workflows_on_its_workers_and_stops_a_cancelled_o
 
 @needs_dbos
 @pytest.mark.postgres
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # no test transaction left idle while DBOS works
 def test_a_dbos_measurement_that_cannot_finish_fails_by_its_deadline():
     with DbosSystem(0, callers=2) as system:  # no worker: nothing is ever completed
         started = time.monotonic()
         with pytest.raises(TimeoutError, match="every DBOS workflow to succeed"):
             system.run(4, 0.05, 1.0)
         assert time.monotonic() - started < 10
+
+
+@needs_dbos
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # no test transaction left idle while DBOS works
+def test_the_dbos_rows_of_lifecycle_and_cancel():
+    rate, system_cpu, client_cpu = dbos_lifecycle("2 wkr", 16, 2, 0.05, 0.02)
+    assert rate[1] == "baseline: DBOS queue, workflows per second"
+    assert not isinstance(rate[2], Failed) and rate[2] > 0, rate
+    assert rate[3].startswith("16 in ")
+    assert system_cpu[2] > 0 and "workers" in system_cpu[3] and "PostgreSQL" in system_cpu[3]
+    assert client_cpu[1] == "bench client CPU ms per workflow, DBOS baseline"
+    returned, stopped = dbos_cancels(3, [10], 0.02)
+    assert returned[1] == "baseline: DBOS cancel_workflow() returns" and len(returned[2]) == 3
+    assert stopped[1] == "baseline: DBOS cancel -> workflow code stops, 10 ms steps"
+    assert len(stopped[2]) == 3 and "stopped by DBOSWorkflow" in stopped[3]
+    assert dbos_databases() == []  # each part dropped its database
