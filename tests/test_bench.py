@@ -1,15 +1,27 @@
 """The instruments of ``manage.py bench``: its lean HTTP client against a real site, its CPU
-meter, which counts the benchmark's own process apart from the processes it starts, and
-the load average every table prints."""
+meter, which counts the benchmark's own process apart from the processes it starts, the
+load average every table prints, and the DBOS baseline (its workers, its own database, its
+cancel, and a row saying why when it cannot be measured)."""
 
 import json
 import subprocess
 import sys
+import time
 from io import StringIO
 
 import pytest
+from django.db import connection
 
-from harness.management.commands.bench import Command, CpuMeter, KeptConnection
+from harness import dbos_baseline
+from harness.dbos_baseline import DbosSystem
+from harness.management.commands.bench import (
+    Command,
+    CpuMeter,
+    Failed,
+    KeptConnection,
+    dbos_cancels,
+    dbos_lifecycle,
+)
 
 SPEC = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
 
@@ -78,3 +90,84 @@ def test_every_table_prints_the_load_and_warns_when_the_machine_was_loaded():
     assert "load average (1 min): 3.50 at the start" in loaded
     assert "warning: the machine was loaded when the benchmark started" in loaded
     assert "3.50-0.10" in loaded  # the row's own load, at its part's start and end
+
+
+def test_a_row_that_could_not_be_measured_says_why():
+    out = StringIO()
+    command = Command(stdout=out)
+    command.load = 0.2
+    command.print_table([("", "baseline: DBOS queue, workflows per second",
+                          Failed("TimeoutError: timed out after 60 s"), "DBOS 3.4.0")])
+    assert "failed: TimeoutError: timed out after 60 s; DBOS 3.4.0" in out.getvalue()
+
+
+def test_without_dbos_its_rows_say_so_at_once(monkeypatch):
+    monkeypatch.setattr(dbos_baseline, "installed", lambda: False)
+    [row] = dbos_lifecycle("4 wkr", 16, 4, 0.25, 0.05)
+    assert isinstance(row[2], Failed) and "dbos is not installed" in row[2]
+    [row] = dbos_cancels(3, [10], 0.05)
+    assert isinstance(row[2], Failed) and "dbos is not installed" in row[2]
+
+
+def dbos_databases() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE 'awaken_bench_dbos_%'")
+        return [name for (name,) in cursor.fetchall()]
+
+
+needs_dbos = pytest.mark.skipif(not dbos_baseline.installed(),
+                                reason="dbos is not installed (the dev extra)")
+
+
+@needs_dbos
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # no test transaction left idle while DBOS works
+def test_the_dbos_baseline_runs_workflows_on_its_workers_and_stops_a_cancelled_one_between_steps():
+    before = dbos_databases()
+    with DbosSystem(2, poll=0.02, callers=2) as system:
+        assert system.database in dbos_databases()  # a database of its own
+        meter = CpuMeter({"workers": system.pids}, database=system.database,
+                         own_backends=(system.counter_pid,))
+        done, elapsed = system.run(16, 0.05, 60)
+        spent = meter.per(done)
+        assert done == 16 and elapsed > 0
+        assert system.counts(0) == (16, 0)  # counted in DBOS's own status table
+        assert spent["workers"] > 0 and spent["PostgreSQL"] > 0
+        returned, stopped = system.cancels(3, 0.01)
+        assert len(returned) == len(stopped) == 3
+        assert all(0 < ms < 5000 for ms in stopped)  # after the call, within a few steps
+        cancelled = system.marks.execute(
+            "SELECT count(*) FROM dbos.workflow_status WHERE name = %s AND status = "
+            "'CANCELLED'", (dbos_baseline.NAPS,)).fetchone()[0]
+        assert cancelled == 3
+        workers = list(system.processes.members)
+    assert not any(worker.running() for worker in workers)
+    assert dbos_databases() == before  # dropped
+
+
+@needs_dbos
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # no test transaction left idle while DBOS works
+def test_a_dbos_measurement_that_cannot_finish_fails_by_its_deadline():
+    with DbosSystem(0, callers=2) as system:  # no worker: nothing is ever completed
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="every DBOS workflow to succeed"):
+            system.run(4, 0.05, 1.0)
+        assert time.monotonic() - started < 10
+
+
+@needs_dbos
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # no test transaction left idle while DBOS works
+def test_the_dbos_rows_of_lifecycle_and_cancel():
+    rate, system_cpu, client_cpu = dbos_lifecycle("2 wkr", 16, 2, 0.05, 0.02)
+    assert rate[1] == "baseline: DBOS queue, workflows per second"
+    assert not isinstance(rate[2], Failed) and rate[2] > 0, rate
+    assert rate[3].startswith("16 in ")
+    assert system_cpu[2] > 0 and "workers" in system_cpu[3] and "PostgreSQL" in system_cpu[3]
+    assert client_cpu[1] == "bench client CPU ms per workflow, DBOS baseline"
+    returned, stopped = dbos_cancels(3, [10], 0.02)
+    assert returned[1] == "baseline: DBOS cancel_workflow() returns" and len(returned[2]) == 3
+    assert stopped[1] == "baseline: DBOS cancel -> workflow code stops, 10 ms steps"
+    assert len(stopped[2]) == 3 and "stopped by DBOSWorkflow" in stopped[3]
+    assert dbos_databases() == []  # each part dropped its database

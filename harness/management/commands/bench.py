@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from importlib import import_module
 from io import StringIO
@@ -39,8 +39,10 @@ from django.utils import timezone
 from awaken_site.celery import app
 from harness import celery_db, hostile
 from harness.baseline import bench_hang
+from harness.dbos_baseline import DbosSystem
 from harness.processes import (
     EmbeddedSite,
+    PrivateRedis,
     Process,
     Processes,
     ProcessFailed,
@@ -242,6 +244,14 @@ class Command(BaseCommand):
                             help="cancel, spread: runs started together, then cancelled one "
                                  "by one.")
         parser.add_argument("--no-baseline", action="store_true")
+        parser.add_argument("--no-dbos", action="store_true",
+                            help="cancel, lifecycle: leave out the DBOS baseline.")
+        parser.add_argument("--dbos-poll", type=float, default=0.05,
+                            help="cancel, lifecycle: seconds between the DBOS workers' polls "
+                                 "of their queue (DBOS's default is 1).")
+        parser.add_argument("--dbos-steps", default="10",
+                            help="cancel: lengths in ms of the DBOS workflow's steps, one "
+                                 "measurement each (DBOS stops a workflow between steps).")
         parser.add_argument("--provider-cancels", type=int, default=200,
                             help="provider: cancels of streaming model calls measured.")
         parser.add_argument("--clients", default="1,1000",
@@ -261,6 +271,9 @@ class Command(BaseCommand):
         parser.add_argument("--webs", type=int, default=1,
                             help="lifecycle, spread: web processes, the callers (lifecycle) "
                                  "or the cancels (spread) spread over them in turn.")
+        parser.add_argument("--private-redis", action="store_true",
+                            help="lifecycle: ours and Celery's on a Redis server of the "
+                                 "benchmark's own, its CPU counted with the system's.")
         parser.add_argument("--list-runs", type=int, default=100_000,
                             help="list: runs in the database (imported in bulk if fewer).")
         parser.add_argument("--attempts", type=int, default=500,
@@ -319,13 +332,19 @@ class Command(BaseCommand):
         parts = {
             "cancel": lambda: self.cancel([int(n) for n in options["live"].split(",")],
                                           options["cancels"], options["batch"],
-                                          options["no_baseline"]),
+                                          options["no_baseline"],
+                                          dbos_steps=None if options["no_dbos"] else [
+                                              float(n) for n in
+                                              options["dbos_steps"].split(",")],
+                                          dbos_poll=options["dbos_poll"]),
             "provider": lambda: self.provider(options["provider_cancels"]),
             "push": lambda: self.push([int(n) for n in options["clients"].split(",")],
                                       options["commits"]),
             "lifecycle": lambda: self.lifecycle(options["lifecycles"], options["workers"],
                                                 options["rounds"], options["no_baseline"],
-                                                options["count_every"], options["webs"]),
+                                                options["count_every"], options["webs"],
+                                                not options["no_dbos"], options["dbos_poll"],
+                                                options["private_redis"]),
             "list": lambda: self.list_latency(options["list_runs"]),
             "memory": lambda: self.memory(options["attempts"]),
             "sql": lambda: self.statements(options["transitions"]),
@@ -367,7 +386,8 @@ class Command(BaseCommand):
             served = [processes.add(Web(name=f"web{index}" if index else "web", extra_env=env,
                                         log_dir=logs)) for index in range(webs)]
             started = [processes.add(Worker(f"bench{index}-{queue}", queue=queue, concurrency=8,
-                                            extra_env=env, loglevel="WARNING", log_dir=logs))
+                                            extra_env=env, loglevel="WARNING", log_dir=logs,
+                                            broker=env.get("CELERY_BROKER_URL")))
                        for index in range(workers)]
             processes.wait_ready(90)
             try:
@@ -375,7 +395,8 @@ class Command(BaseCommand):
             finally:
                 self.cleanup()  # while the workers still take live commands
 
-    def cancel(self, levels, cancels, batch, no_baseline) -> list:
+    def cancel(self, levels, cancels, batch, no_baseline, dbos_steps=None,
+               dbos_poll: float = 0.05) -> list:
         rows = []
         # Room on the worker for the live attempts and the runs cancelled among them.
         room = {"AWAKEN_WORKER_CAPACITY": str(max(levels) + batch)}
@@ -386,7 +407,13 @@ class Command(BaseCommand):
                 rows += self.measure_level(client, level, cancels, batch,
                                            cpu_of={"web": [web], "worker": workers[:1]})
             if not no_baseline:
-                rows.append(self.baseline(cancels))
+                try:
+                    rows.append(self.baseline(cancels))
+                except (TimeoutError, ProcessFailed) as failure:  # a row, and the rest goes on
+                    rows.append(("", REVOKE, Failed(f"{type(failure).__name__}: {failure}"),
+                                 "prefork -c 2"))
+        if not no_baseline and dbos_steps:
+            rows += dbos_cancels(cancels, dbos_steps, dbos_poll)
         return rows
 
     # --- set-up -------------------------------------------------------------------------
@@ -474,9 +501,10 @@ class Command(BaseCommand):
         """Start hung runs ``batch`` at a time and cancel them one by one over HTTP, each
         through the next of ``clients`` (one per web process) in turn: the time from each
         request to the committed end and to the response, and the CPU that the processes
-        of ``cpu_of`` (name -> processes) spent from request to response."""
+        of ``cpu_of`` (name -> processes) and this database's PostgreSQL backends (but the
+        benchmark's own) spent from request to response."""
         client = clients[0]
-        measured = Cancels(cpu=dict.fromkeys(cpu_of, 0))
+        measured = Cancels(cpu=dict.fromkeys([*cpu_of, "PostgreSQL backends"], 0))
         while len(measured.answered) < cancels and measured.unstarted < cancels:
             runs = [self.create(client, "demo.hang")
                     for _ in range(min(batch, cancels - len(measured.answered)))]
@@ -495,6 +523,7 @@ class Command(BaseCommand):
                     continue
                 cpu_before = {name: sum(cpu_ns(p.popen.pid) for p in group)
                               for name, group in cpu_of.items()}
+                backends_before = backends_cpu_ns()
                 sent_wall, sent = time.time(), time.monotonic()
                 status, body = clients[len(measured.answered) % len(clients)].call(
                     "POST", f"/api/runs/{run_id}/cancel/", {})
@@ -502,6 +531,9 @@ class Command(BaseCommand):
                 for name, group in cpu_of.items():
                     measured.cpu[name] += (sum(cpu_ns(p.popen.pid) for p in group)
                                            - cpu_before[name])
+                backends_after = backends_cpu_ns(list(backends_before))
+                measured.cpu["PostgreSQL backends"] += sum(
+                    spent - backends_before[pid] for pid, spent in backends_after.items())
                 measured.codes[status] = measured.codes.get(status, 0) + 1
                 measured.runs.append(run_id)
                 ended_at = Run.objects.values_list("ended_at", flat=True).get(pk=run_id)
@@ -515,8 +547,7 @@ class Command(BaseCommand):
         with Worker(f"bench-prefork-{uuid.uuid4().hex[:8]}", private=True, pool="prefork",
                     concurrency=2, include=("harness.baseline",), loglevel="WARNING") as prefork:
             prefork.wait_ready(60)
-            return ("", "baseline: Celery revoke(terminate=True) -> task interrupted",
-                    self.revoke_samples(prefork.queue, cancels), "prefork -c 2")
+            return ("", REVOKE, self.revoke_samples(prefork.queue, cancels), "prefork -c 2")
 
     def revoke_samples(self, queue, cancels) -> list:
         client = redis.Redis.from_url(settings.REDIS_URL)
@@ -560,6 +591,9 @@ class Command(BaseCommand):
             if isinstance(samples, list):
                 p50, p95, p99 = percentiles(samples)
                 figures = f"{len(samples):>6}{p50:>10.2f}{p95:>9.2f}{p99:>9.2f}"
+            elif isinstance(samples, Failed):
+                figures = f"{'':>6}{'failed':>10}{'':>18}"
+                note = f"failed: {samples}" + (f"; {note}" if note else "")
             elif isinstance(samples, Ratio):
                 figures = f"{'':>6}{samples:>9.2f}x{'':>18}"
             else:
@@ -650,30 +684,43 @@ class Command(BaseCommand):
     # --- throughput, list latency, memory ----------------------------------------------------
 
     def lifecycle(self, total: int, workers: int, rounds: int = 1, no_baseline: bool = False,
-                  every: float = 0.25, webs: int = 1) -> list:
-        """Lifecycles per second, by one protocol for both sides: 8 callers send ``total``
+                  every: float = 0.25, webs: int = 1, dbos: bool = True,
+                  dbos_poll: float = 0.05, private_redis: bool = False) -> list:
+        """Lifecycles per second, by one protocol for every side: 8 callers send ``total``
         creates without waiting for any (``KeptConnection``, spread over ``webs`` web
         processes), ``workers`` worker processes complete them (create -> claim -> one step
         -> completed), and this process counts the completed in the runs table every
         ``every`` seconds, from the first request to the count of the last. Measured one
         run per request, then in batches of 50 (POST /api/runs/batch/); then the Celery +
-        database baseline (``BaselineSystem``), driven the same way; and the ratios of ours
-        to it. ``rounds`` repeats the three, interleaved. Each row has the CPU per
-        lifecycle of the system (web, workers, this database's PostgreSQL backends) apart
-        from the benchmark's own (its callers and its count), and the load average at the
-        start and the end of its measurement."""
+        database baseline (``BaselineSystem``) and the DBOS baseline
+        (``harness.dbos_baseline``), driven the same way; and the ratios of ours to them.
+        ``rounds`` repeats them, interleaved. Only one side's processes run at a time (and
+        hold their connections to PostgreSQL). Each row has the CPU per lifecycle of the
+        system (web, workers, the PostgreSQL backends of its database) apart from the
+        benchmark's own (its callers and its count), and the load average at the start and
+        the end of its measurement. A baseline that cannot be measured is a row saying why.
+        ``private_redis``: ours and Celery's run on a Redis server of the benchmark's own,
+        whose CPU is then counted with the system's."""
         spec = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
         bench_user = get_user_model().objects.get(username="bench").pk
-        rows, rates = [], {"singles": [], "batches": [], "baseline": []}
-        system_cpu = {"singles": [], "batches": [], "baseline": []}
-        with self.system_of(webs, workers) as (started_webs, started_workers), \
-                (BaselineSystem(workers, every) if not no_baseline else _nothing()) as baseline:
-            groups = {"web": [web.pid for web in started_webs],
-                      "workers": [w.pid for w in started_workers]}
-            ports = [started_webs[caller % webs].port for caller in range(CALLERS)]
-            where = (f"{webs} web processes, " if webs > 1 else "") + f"{workers} workers"
-            for round_ in range(1, rounds + 1):
-                key = f"{workers} wkr" if rounds == 1 else f"r{round_}"
+        rows = []
+        sides = ("singles", "batches", "baseline", "dbos")
+        rates = {name: [] for name in sides}
+        system_cpu = {name: [] for name in sides}
+        where = (f"{webs} web processes, " if webs > 1 else "") + f"{workers} workers"
+        for round_ in range(1, rounds + 1):
+            key = f"{workers} wkr" if rounds == 1 else f"r{round_}"
+            with ExitStack() as stack:
+                redis_server = (stack.enter_context(PrivateRedis()).wait_ready(30)
+                                if private_redis else None)
+                on_redis = ({"REDIS_URL": redis_server.url, "CELERY_BROKER_URL": redis_server.url}
+                            if redis_server else None)
+                started_webs, started_workers = stack.enter_context(
+                    self.system_of(webs, workers, on_redis))
+                groups = {"web": [web.pid for web in started_webs],
+                          "workers": [w.pid for w in started_workers],
+                          **({"Redis": [redis_server.pid]} if redis_server else {})}
+                ports = [started_webs[caller % webs].port for caller in range(CALLERS)]
                 for how, size, name in (("one run per request", 1, "singles"),
                                         ("batches of 50", 50, "batches")):
                     load, cpu = load_average(), CpuMeter(groups)
@@ -692,38 +739,56 @@ class Command(BaseCommand):
                                  f"{where}; {load_span(load)}"))
                     rows += cpu_rows(key, "lifecycle", how, spent)
                     system_cpu[name].append(rows[-2][2])
-                if baseline is not None:
-                    load = load_average()
-                    cpu = CpuMeter({"workers": [baseline.worker.pid]})
-                    done, elapsed = baseline.run(total)
-                    spent = cpu.per(done)
-                    rates["baseline"].append(done / elapsed)
-                    rows.append((key, "baseline: Celery + database, tasks per second",
-                                 rates["baseline"][-1],
-                                 f"{done} in {elapsed:.1f} s; {baseline.note}; "
-                                 f"{load_span(load)}"))
-                    rows += cpu_rows(key, "task", "baseline", spent)
-                    system_cpu["baseline"].append(rows[-2][2])
-        if rates["baseline"]:
-            base = statistics.median(rates["baseline"])
-            protocol = (f"protocol: {CALLERS} callers each side send without waiting, the "
-                        f"completed counted in each side's table every {every * 1000:g} ms "
-                        f"(ours runs, Celery's celery_taskmeta); {where} (threads) against "
-                        f"prefork -c {workers}")
-            for name, how, goal in (("singles", "one run per request", 0.5),
-                                    ("batches", "batches of 50", 1.0)):
+            if no_baseline:
+                continue
+            with ExitStack() as stack:
+                redis_server = (stack.enter_context(PrivateRedis()).wait_ready(30)
+                                if private_redis else None)
+                baseline = stack.enter_context(BaselineSystem(
+                    workers, every, redis_server.url if redis_server else None))
+                load = load_average()
+                cpu = CpuMeter({"workers": [baseline.worker.pid],
+                                **({"Redis": [redis_server.pid]} if redis_server else {})})
+                done, elapsed = baseline.run(total)
+                spent = cpu.per(done)
+                rates["baseline"].append(done / elapsed)
+                rows.append((key, "baseline: Celery + database, tasks per second",
+                             rates["baseline"][-1],
+                             f"{done} in {elapsed:.1f} s; {baseline.note}; {load_span(load)}"))
+                rows += cpu_rows(key, "task", "baseline", spent)
+                system_cpu["baseline"].append(rows[-2][2])
+            if dbos:
+                made = dbos_lifecycle(key, total, workers, every, dbos_poll)
+                rows += made
+                measured = not isinstance(made[0][2], Failed)
+                rates["dbos"].append(made[0][2] if measured else None)
+                system_cpu["dbos"].append(made[1][2] if measured else None)
+        protocol = (f"protocol: {CALLERS} callers each side send without waiting, the "
+                    f"completed counted in each side's table every {every * 1000:g} ms "
+                    f"(ours runs, Celery's celery_taskmeta, DBOS's dbos.workflow_status); "
+                    f"{where} (threads) against prefork -c {workers} and {workers} DBOS "
+                    "worker processes")
+        for side, label, owner, goals in (("baseline", "the baseline", "the baseline's",
+                                           (0.5, 1.0)),
+                                          ("dbos", "DBOS's queue", "DBOS's", (1.0, 1.0))):
+            theirs_all = [rate for rate in rates[side] if rate is not None]
+            if not theirs_all:
+                continue
+            base = statistics.median(theirs_all)
+            for name, how, goal in (("singles", "one run per request", goals[0]),
+                                    ("batches", "batches of 50", goals[1])):
                 ratio = statistics.median(rates[name]) / base
                 spread = ("" if rounds == 1 else " (rounds: " + ", ".join(
-                    f"{ours / theirs:.2f}" for ours, theirs
-                    in zip(rates[name], rates["baseline"], strict=True)) + ")")
-                rows.append((f"{workers} wkr", f"ratio to the baseline, {how}", Ratio(ratio),
+                    f"{ours / theirs:.2f}" if theirs else "failed" for ours, theirs
+                    in zip(rates[name], rates[side], strict=True)) + ")")
+                rows.append((f"{workers} wkr", f"ratio to {label}, {how}", Ratio(ratio),
                              f"goal >= {goal:.1f}x{spread}; {protocol}"))
                 # What a loaded machine disturbs least: the system's CPU for the same work.
-                cpu_ratio = (statistics.median(system_cpu["baseline"])
+                cpu_ratio = (statistics.median([c for c in system_cpu[side] if c is not None])
                              / statistics.median(system_cpu[name]))
-                rows.append((f"{workers} wkr", f"baseline's system CPU / ours, {how}",
+                rows.append((f"{workers} wkr", f"{owner} system CPU / ours, {how}",
                              Ratio(cpu_ratio), "above 1.0x ours costs less CPU per lifecycle "
-                                               "than the baseline per task"))
+                                               f"than {label} per unit of work"))
         return rows
 
     def list_latency(self, target: int, requests: int = 300) -> list:
@@ -1139,6 +1204,25 @@ def cpu_ns(pid: int) -> int:
         except (FileNotFoundError, ProcessLookupError):
             pass
     return total
+
+
+def backends_cpu_ns(pids: list[int] | None = None) -> dict[int, int]:
+    """CPU ns so far of this database's PostgreSQL backends but this process's own (or of
+    the backends ``pids``), by pid; a backend that has exited is left out."""
+    if pids is None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = "
+                           "current_database() AND pid <> pg_backend_pid()")
+            pids = [pid for (pid,) in cursor.fetchall()]
+    found = {}
+    for pid in pids:
+        try:
+            found[pid] = cpu_ns(pid)
+        except OSError:
+            continue
+    return found
+
+
 class CpuMeter:
     """CPU time (user + system) spent from now on by groups of processes, each with its
     descendants (a prefork worker's children), by this database's PostgreSQL backends, and,
@@ -1149,8 +1233,12 @@ class CpuMeter:
 
     TICK = os.sysconf("SC_CLK_TCK")
 
-    def __init__(self, groups: dict[str, list[int]]):
-        self.groups = groups
+    def __init__(self, groups: dict[str, list[int]], database: str | None = None,
+                 own_backends: tuple[int, ...] = ()):
+        """``database``: the database whose backends are the system's PostgreSQL (this
+        process's by default); ``own_backends``: more backends of the benchmark's own
+        there (its connection to that database)."""
+        self.groups, self.database, self.own_backends = groups, database, list(own_backends)
         self.start = self.read()
 
     def read(self) -> dict[str, dict[int, float]]:
@@ -1159,8 +1247,10 @@ class CpuMeter:
         backends = []
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
-                cursor.execute("SELECT pid, pid = pg_backend_pid() FROM pg_stat_activity "
-                               "WHERE datname = current_database()")
+                cursor.execute("SELECT pid, pid = pg_backend_pid() OR pid = ANY(%s::int[]) "
+                               "FROM pg_stat_activity WHERE datname = coalesce(%s, "
+                               "current_database()) OR pid = pg_backend_pid()",
+                               [self.own_backends, self.database])
                 backends = cursor.fetchall()
         figures["PostgreSQL"] = {pid: self.cpu(pid) for pid, own in backends if not own}
         figures["client"] = {pid: self.cpu(pid) for pid, own in backends if own}
@@ -1203,12 +1293,12 @@ class Ratio(float):
     """A figure printed as a ratio (``1.23x``)."""
 
 
-@contextmanager
-def _nothing():
-    yield None
+class Failed(str):
+    """A row's figure that could not be measured: why, printed as ``failed: why``."""
 
 
 CALLERS = 8  # the lifecycle benchmark's callers, on each side
+REVOKE = "baseline: Celery revoke(terminate=True) -> task interrupted"
 
 
 def send_creates(port: int, token: str, spec: dict, count: int, size: int) -> int:
@@ -1272,11 +1362,12 @@ class BaselineSystem:
     its own; results: Celery's SQLAlchemy backend on the project's PostgreSQL, in tables of
     its own, emptied before each measurement."""
 
-    def __init__(self, processes: int, every: float):
+    def __init__(self, processes: int, every: float, broker: str | None = None):
+        """``broker``: another broker than the project's (the benchmark's private Redis)."""
         self.processes, self.every = processes, every
         self.queue = f"awaken-baseline-{uuid.uuid4().hex[:8]}"
         self.backend = celery_db.backend_url(database_url())
-        self.broker = settings.CELERY_BROKER_URL
+        self.broker = broker or settings.CELERY_BROKER_URL
         broker = self.broker.split(":", 1)[0]
         self.note = (f"prefork -c {processes}, {CALLERS} callers sending without waiting, "
                      f"broker {broker} (the same as ours), task_track_started, results in "
@@ -1338,6 +1429,60 @@ class BaselineSystem:
 
         wait_until(done, 600, "every baseline task to succeed", every=self.every)
         return sent, time.monotonic() - started
+
+
+def dbos_lifecycle(key: str, total: int, workers: int, every: float, poll: float) -> list:
+    """The DBOS baseline of ``bench lifecycle`` (``harness.dbos_baseline``): ``total``
+    one-step workflows enqueued by the 8 callers without waiting, consumed by ``workers``
+    worker processes, the SUCCESS rows counted every ``every`` seconds. Its rows: workflows
+    per second, the system's CPU per workflow (the workers and the PostgreSQL backends of
+    DBOS's database) and the client's; or one row saying why it could not be measured."""
+    name = "baseline: DBOS queue, workflows per second"
+    system = DbosSystem(workers, poll=poll, callers=CALLERS)
+    try:
+        with system:
+            system.run(4 * CALLERS, every, 60)  # warm-up: connections, the queue's first polls
+            load = load_average()
+            cpu = CpuMeter({"workers": system.pids}, database=system.database,
+                           own_backends=(system.counter_pid,))
+            done, elapsed = system.run(total, every, 60 + total / 10)
+            spent = cpu.per(done)
+    except Exception as failure:  # a row that says why, not a hung benchmark
+        return [(key, name, Failed(f"{type(failure).__name__}: {failure}"), system.note)]
+    client = spent["client"]
+    return [(key, name, done / elapsed, f"{done} in {elapsed:.1f} s; {system.note}; "
+                                        f"{load_span(load)}"),
+            *cpu_rows(key, "workflow", "DBOS baseline", spent)[:1],
+            (key, "bench client CPU ms per workflow, DBOS baseline", client,
+             f"{CALLERS} callers and the count: this process and its backends; the "
+             "enqueue's Python (DBOSClient, SQLAlchemy) runs here, with no web process "
+             "between")]
+
+
+def dbos_cancels(cancels: int, steps_ms: list[float], poll: float) -> list:
+    """DBOS's cancel of a running workflow (``DBOSClient.cancel_workflow``) beside ours in
+    ``bench cancel``: for each step length of ``steps_ms``, ``cancels`` workflows of steps
+    that sleep in a loop checking nothing, each cancelled at a random point of a step, from
+    the call to its return and to the workflow's code stopping; or rows saying why not."""
+    rows = []
+    system = DbosSystem(1, poll=poll, callers=1)
+    note = ("one worker process; DBOS stops a workflow only at its next step boundary (a "
+            "step in progress runs to its end), so this is about half a step plus the check")
+    try:
+        with system:
+            for step in steps_ms:
+                system.stopped_by.clear()
+                returned, stopped = system.cancels(cancels, step / 1000)
+                raised = ", ".join(f"{name} {count}" for name, count
+                                   in sorted(system.stopped_by.items()))
+                rows += [("", "baseline: DBOS cancel_workflow() returns", returned,
+                          f"{system.note.split(',')[0]}, its own database"),
+                         ("", f"baseline: DBOS cancel -> workflow code stops, {step:g} ms "
+                              "steps", stopped, f"{note}; stopped by {raised}")]
+    except Exception as failure:  # a row that says why, not a hung benchmark
+        rows.append(("", "baseline: DBOS cancel -> workflow code stops",
+                     Failed(f"{type(failure).__name__}: {failure}"), note))
+    return rows
 
 
 def bulk_history(count: int, chunk: int = 100_000) -> None:
