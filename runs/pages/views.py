@@ -9,7 +9,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from runs.domain import activity, bulk, catalogue, limits, review, selectors
+from runs.domain import activity, bulk, catalogue, limits, review, selectors, trace
 from runs.domain.errors import InvalidRequest, RunNotFound, ServiceError
 from runs.domain.roles import is_operator, is_viewer
 from runs.models import EventKind, Source, TicketReason
@@ -158,6 +158,27 @@ def bulk_jobs(request):
     return render(request, "runs/bulk.html", page_context(request, jobs=jobs, cursor=cursor))
 
 
+@viewer_required
+@require_GET
+def bulk_job(request, job_id):
+    """One bulk job: what it asked of which runs, who started it, from where and when, its
+    progress, and a page of the runs it handled with the outcome of each. With ``?items=1``
+    only the rows of that page (the page redraws them as the job goes on)."""
+    try:
+        job = bulk.bulk_job_get(job_id)
+    except ServiceError:
+        raise Http404("No such bulk job.") from None
+    after = limits.plain_integer(request.GET.get("after", "0"))
+    if after is None:
+        raise BadRequest("after is an item number (ASCII digits).")
+    items, next_after = bulk.bulk_job_items(job_id=job.id, after=after)
+    context = page_context(request, job=job, items=items, after=after, next_after=next_after,
+                           filters=sorted((job.filter or {}).items()))
+    if request.GET.get("items") == "1":
+        return render(request, "runs/_bulk_items.html", context)
+    return render(request, "runs/bulk_job.html", context)
+
+
 BULK_VIEWS = {"row": "runs/_bulk_row.html", "progress": "runs/_bulk_progress.html"}
 
 
@@ -204,10 +225,13 @@ def run_panel(run_id) -> dict:
     timeline = sorted([*((event.at, 1, "event", event) for event in events),
                        *((entry.at, 0, "request", entry) for entry in facts["live_requests"])],
                       key=lambda item: item[:2], reverse=True)
+    requests = control_rows(page["intents"], facts["live_requests"], changed)
     return {**page, **facts,
             "timeline": [(kind, item) for _, _, kind, item in timeline],
             "state_since": changed[-1].at if changed else run.created_at,
-            "requests": control_rows(page["intents"], facts["live_requests"], changed),
+            "requests": requests,
+            "trace": trace.run_trace(run, attempts=page["attempts"], requests=requests,
+                                     events=events),
             "current_attempt": next((a for a in page["attempts"] if a.closed_at is None),
                                     None),
             "reruns": list(selectors.runs().filter(rerun_of_id=run.id).select_related(None)

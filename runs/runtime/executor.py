@@ -153,8 +153,11 @@ class Executor:
                      ending=Ending.completed(output), trace=ctx.stop_trace())
         except Interrupted as stop:
             try:
-                await self._interrupted(run_id, generation, stop.why, view,
-                                        trace=await self._trace(ctx))
+                trace = await self._trace(ctx)
+                # What the attempt did, the call it was stopped in included, is on record
+                # before its end is, so the page drawn for the end shows it.
+                await host.activity_log.flushed()
+                await self._interrupted(run_id, generation, stop.why, view, trace=trace)
             except Exception:  # the lease expires and the sweeper applies what is pending
                 log.exception("run %s: could not record the end of attempt %s", run_id,
                               generation)
