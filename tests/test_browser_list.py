@@ -493,6 +493,9 @@ def test_a_bulk_job_opens_on_its_runs_and_follows_the_job_live(browser, embedded
         link = f'tr.job[data-job-id="{job["id"]}"] a[href="/bulk/{job["id"]}/"]'
         page.click(link)
         page.wait_for_selector(f'#bulk-job[data-job-id="{job["id"]}"]')
+        # Drawn while the job still runs (120 runs take a while): the rest comes from pushes.
+        assert page.get_attribute("#bulk-progress .bulk-job", "data-state") != "done"
+        assert page.locator("#bulk-items tr.item[data-outcome=pending]").count() > 0
         page.wait_for_selector('#live[data-status="live"]')
         page.wait_for_selector('#bulk-progress .bulk-job[data-state="done"]', timeout=30_000)
         page.wait_for_function(

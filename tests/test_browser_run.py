@@ -435,7 +435,8 @@ def test_the_trace_draws_alike_steps_as_one_row_and_a_chat_cancelled_mid_stream(
     cut = '#trace .trace-row[data-kind="model"][data-outcome="cancelled"]'
     page.wait_for_selector(cut)
     text = page.text_content(cut)
-    assert re.search(r"\+\d.* · \d.* · \d+ tokens? received · cancelled", text), text
+    assert re.search(r"starts at \+\d.* · lasts \d.* · \d+ tokens? received · cancelled",
+                     text), text
     assert "Nothing yet" not in page.text_content("#activity")
     alike = "#trace details.trace-steps > summary"
     assert "Step 1–4" in page.text_content(alike) and "4 steps" in page.text_content(alike)
@@ -453,4 +454,4 @@ def test_the_trace_draws_alike_steps_as_one_row_and_a_chat_cancelled_mid_stream(
     for scheme in ("light", "dark"):
         page.emulate_media(color_scheme=scheme)
         assert serious_violations(page) == [], scheme
-    assert embedded_site.call("GET", f"/api/runs/{run_id}/")[1]["steps"] == 4
+    assert embedded_site.call("GET", f"/api/runs/{run_id}/")[1]["usage"]["steps"] == 4
