@@ -149,3 +149,41 @@ def test_requests_outside_an_attempt_and_resumes_are_on_the_axis_with_who_asked(
     rows = run_panel(queued.id)["trace"]["rows"]
     assert [(row.kind, row.level, row.label, row.actor) for row in rows] == [
         ("run", 0, "Run demo.steps", None), ("control", 1, "Cancel requested", "olga")]
+
+
+@pytest.mark.django_db
+def test_a_pause_is_drawn_from_asked_to_taken_and_a_delivery_where_its_step_committed():
+    run, generation = running_run()
+    activity.control_taken(run_id=run.id, generation=generation, command="pause",
+                           actor="paula", source="ui")
+    domain.attempt_step(run_id=run.id, generation=generation, actor="dina", source="api")
+    domain.attempt_pause(run_id=run.id, generation=generation, actor="paula", source="ui")
+    rows = run_panel(run.id)["trace"]["rows"]
+    requests = [(row.label, row.actor, row.source, row.outcome, row.end is None)
+                for row in rows if row.kind == "control"]
+    assert requests == [("Pause requested", "paula", "Browser", "ok", False),
+                        ("Delivery", "dina", "REST API", "", True)]
+    (pause,) = [row for row in rows if row.label == "Pause requested"]
+    assert pause.level == 2 and pause.seconds >= 0  # in the attempt, until it was taken
+
+
+@pytest.mark.django_db
+def test_a_run_at_its_activity_cap_draws_a_bounded_trace(django_assert_max_num_queries):
+    """2,000 entries: a thousand steps, each with a call of a tool of its own (nothing alike
+    to collapse). The trace reads the newest ``ENTRIES`` in one query and draws ``ROWS``."""
+    run, generation = running_run()
+    start = timezone.now() - timedelta(hours=1)
+    entries = []
+    for number in range(1, 1001):
+        begun = start + timedelta(seconds=number)
+        entries += [entry("tool", f"tool_{number}", begun + timedelta(milliseconds=5), 10,
+                          ok=True),
+                    entry("step", f"step {number}", begun, 50, 1)]
+    activity.activity_record(run_id=run.id, generation=generation, entries=entries)
+    attempts = list(Attempt.objects.filter(run=run))
+    with django_assert_max_num_queries(2):
+        drawn = trace.run_trace(run, attempts=attempts, requests=[], events=[])
+    assert len(drawn["rows"]) == trace.ROWS
+    assert drawn["entries_hidden"] == 2000 - trace.ENTRIES
+    assert drawn["rows_hidden"] == 2 + trace.ENTRIES - trace.ROWS
+
