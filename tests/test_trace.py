@@ -165,6 +165,12 @@ def test_a_pause_is_drawn_from_asked_to_taken_and_a_delivery_where_its_step_comm
                         ("Delivery", "dina", "REST API", "", True)]
     (pause,) = [row for row in rows if row.label == "Pause requested"]
     assert pause.level == 2 and pause.seconds >= 0  # in the attempt, until it was taken
+    # The run waits: an hour on, its axis still ends with what was last recorded.
+    later = trace.run_trace(Run.objects.get(pk=run.id), attempts=list(run.attempts.all()),
+                            requests=[], events=[], now=timezone.now() + timedelta(hours=1))
+    root, attempt = later["rows"]
+    assert root.width == trace.SCALE and round(root.seconds) == 3600
+    assert attempt.left + attempt.width >= trace.SCALE - 1
 
 
 @pytest.mark.django_db

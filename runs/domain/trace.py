@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from runs.models import Activity, ActivityKind, EventKind
+from runs.models import Activity, ActivityKind, EventKind, RunState
 
 ENTRIES = 1000  # the newest activity entries the trace reads
 ROWS = 200  # rows drawn, members of collapsed steps included
@@ -203,12 +203,16 @@ def run_trace(run, *, attempts: list, requests: list[dict], events: list,
             during.members.append(request)
             during.members.sort(key=lambda row: row.start)
     body.sort(key=lambda row: (row.start, row.level))
-    end = run.ended_at or now
+    recorded = [row.end or row.start for row in _walk(body)]
+    end = max([run.ended_at or now, *recorded])
     root = Row("run", 0, f"Run {run.agent}", run.created_at, end,
                tokens=run.tokens or None, outcome=run.end_cause or run.state)
     start = root.start
-    latest = max([end, *(row.end or row.start for row in _walk(body))])
-    root.end = latest
+    # The axis ends with the run, or now while it runs; a run waiting (awaiting, queued
+    # again) has its axis end with the last thing recorded, so a long wait does not
+    # squeeze what happened (its own bar goes on past the end).
+    waiting = run.ended_at is None and run.state != RunState.RUNNING and recorded
+    latest = max(recorded) if waiting else end
     seconds = max((latest - start).total_seconds(), 0.001)
     rows = [root, *_flattened(body)]
     shown, hidden = _capped(rows)
