@@ -408,6 +408,11 @@ def test_a_message_from_the_runs_page_steers_the_agent_with_a_receipt(page, embe
     page.wait_for_selector(f'{row}[data-end-cause="completed"]')
     output = embedded_site.call("GET", f"/api/runs/{run_id}/")[1]["output"]
     assert output == {"messages": [{"n": 1}, "plain words", {"done": True}]}
+    # Each delivery is on the trace's axis where the attempt took it, with who sent it.
+    delivered = '#trace .trace-row[data-kind="control"]:has-text("Message delivered")'
+    page.wait_for_selector(f"{delivered} >> nth=2")
+    assert page.locator(delivered).count() == 3
+    assert "by admin via Browser" in page.locator(delivered).first.text_content()
     page.fill("#steer-message", '"too late"')
     page.click('[data-action="send-message"]')
     page.wait_for_selector('[data-field="steer-receipt"][data-outcome="refused"]'

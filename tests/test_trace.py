@@ -152,23 +152,29 @@ def test_requests_outside_an_attempt_and_resumes_are_on_the_axis_with_who_asked(
 
 
 @pytest.mark.django_db
-def test_a_pause_is_drawn_from_asked_to_taken_and_a_delivery_where_its_step_committed():
+def test_a_pause_is_drawn_from_asked_to_taken_and_a_delivery_when_it_was_taken():
     run, generation = running_run()
     activity.control_taken(run_id=run.id, generation=generation, command="pause",
                            actor="paula", source="ui")
+    activity.control_taken(run_id=run.id, generation=generation, command="message",
+                           actor="dina", source="api")
     domain.attempt_step(run_id=run.id, generation=generation, actor="dina", source="api")
     domain.attempt_pause(run_id=run.id, generation=generation, actor="paula", source="ui")
-    rows = run_panel(run.id)["trace"]["rows"]
+    panel = run_panel(run.id)
+    rows = panel["trace"]["rows"]
     requests = [(row.label, row.actor, row.source, row.outcome, row.end is None)
                 for row in rows if row.kind == "control"]
     assert requests == [("Pause requested", "paula", "Browser", "ok", False),
-                        ("Delivery", "dina", "REST API", "", True)]
+                        ("Message delivered", "dina", "REST API", "", True)]
+    # The page's control requests and timeline keep to the pauses.
+    assert [row["action"] for row in panel["requests"]] == ["pause"]
+    assert [entry.data["actor"] for entry in panel["live_requests"]] == ["paula"]
     (pause,) = [row for row in rows if row.label == "Pause requested"]
     assert pause.level == 2 and pause.seconds >= 0  # in the attempt, until it was taken
     # The run waits: an hour on, its axis still ends with what was last recorded.
     later = trace.run_trace(Run.objects.get(pk=run.id), attempts=list(run.attempts.all()),
                             requests=[], events=[], now=timezone.now() + timedelta(hours=1))
-    root, attempt = later["rows"]
+    root, attempt = later["rows"][:2]
     assert root.width == trace.SCALE and round(root.seconds) == 3600
     assert attempt.left + attempt.width >= trace.SCALE - 1
 

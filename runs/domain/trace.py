@@ -3,8 +3,8 @@ control requests, on one time axis, as the run's page draws it (a waterfall).
 
 Read from what is recorded: the attempts, the activity log (``runs.domain.activity``:
 steps, model and tool calls with their start and duration, errors), the control requests
-(cancel and stop intents, pauses the attempts took) and the events (resumes, and the steps
-a live delivery led to, which name who sent it). A call the attempt was stopped in the
+(cancel and stop intents, pauses the attempts took), the live deliveries they took (a
+message, a wake) and the events (resumes). A call the attempt was stopped in the
 middle of is in the log too, marked ``cancelled``, with the time until the abort and the
 tokens received by then.
 
@@ -19,7 +19,8 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from runs.models import Activity, ActivityKind, EventKind, RunState
+from runs.domain import activity
+from runs.models import Activity, ActivityKind, EventKind, RunState, Source
 
 ENTRIES = 1000  # the newest activity entries the trace reads
 ROWS = 200  # rows drawn, members of collapsed steps included
@@ -28,7 +29,8 @@ MEMBERS = 20  # members of a collapsed group drawn when it is opened
 SCALE = 1000  # positions are per mille of the axis
 MIN_WIDTH = 4  # a span is drawn at least this wide, so a short call shows
 INSTANT = 6  # the width of the mark of an instant
-KINDS = (ActivityKind.STEP, ActivityKind.MODEL, ActivityKind.TOOL, ActivityKind.ERROR)
+KINDS = (ActivityKind.STEP, ActivityKind.MODEL, ActivityKind.TOOL, ActivityKind.ERROR,
+         ActivityKind.CONTROL)
 
 
 @dataclass
@@ -145,25 +147,25 @@ def _calls_text(step: Row) -> str:
     return ("each: " + ", ".join(names)) if names else "no calls"
 
 
-def _request_rows(requests: list[dict], events: list) -> list[Row]:
+def _request_rows(requests: list[dict], events: list, deliveries: list[Activity]) -> list[Row]:
     """The control requests: cancels, stops and pauses from asked until applied, and the
-    resumes and live deliveries as instants."""
+    resumes and the live deliveries the attempts took (a message, a wake, a live cancel)
+    as instants."""
     rows = [Row("control", 1, f"{row['action'].capitalize()} requested", row["at"],
                 row["committed"], actor=row["by"] or None, source=row["source"] or None,
                 outcome="ok" if row["committed"] else "pending",
                 note="" if row["committed"] else "not applied yet")
             for row in requests if row["at"] is not None]
-    for event in events:
-        if event.kind == EventKind.RESUMED:
-            rows.append(Row("control", 1, "Resumed", event.at, actor=event.actor,
-                            source=event.get_source_display() if event.source else None,
-                            generation=event.generation))
-        elif event.kind == EventKind.STEP and event.actor:
-            rows.append(Row("control", 1, "Delivery", event.at, actor=event.actor,
-                            source=event.get_source_display() if event.source else None,
-                            generation=event.generation,
-                            note="a message or wake sent to the live attempt; the step it "
-                                 "led to committed here"))
+    rows += [Row("control", 1, "Resumed", event.at, actor=event.actor,
+                 source=event.get_source_display() if event.source else None,
+                 generation=event.generation)
+             for event in events if event.kind == EventKind.RESUMED]
+    sources = dict(Source.choices)
+    for entry in deliveries:
+        data = entry.data or {}
+        rows.append(Row("control", 1, entry.text.capitalize(), entry.at,
+                        actor=data.get("actor"), source=sources.get(data.get("source")),
+                        generation=entry.generation))
     for row in rows:
         row.signature = ("control", row.label)
     return rows
@@ -183,8 +185,12 @@ def run_trace(run, *, attempts: list, requests: list[dict], events: list,
         entries_hidden = Activity.objects.filter(run_id=run.pk, kind__in=KINDS,
                                                  seq__lt=entries[0].seq).count()
     by_generation: dict[int, list[Activity]] = {}
+    deliveries = []  # the pauses are among the page's requests already
     for entry in entries:
-        by_generation.setdefault(entry.generation, []).append(entry)
+        if entry.kind != ActivityKind.CONTROL:
+            by_generation.setdefault(entry.generation, []).append(entry)
+        elif not activity.is_pause(entry):
+            deliveries.append(entry)
     body: list[Row] = []
     for attempt in attempts:
         closed = attempt.closed_at
@@ -193,7 +199,7 @@ def run_trace(run, *, attempts: list, requests: list[dict], events: list,
                   note=f"on {attempt.owner}", generation=attempt.generation)
         row.members = _attempt_children(attempt, by_generation.get(attempt.generation, []))
         body.append(row)
-    for request in _request_rows(requests, events):
+    for request in _request_rows(requests, events, deliveries):
         during = next((row for row in reversed(body) if row.kind == "attempt"
                        and row.start <= request.start <= row.end), None)
         if during is None:
