@@ -318,8 +318,9 @@ def run_live_command(*, run_id, command: str, actor: str, source: str, message=N
 
     No intent is written and nothing happens later if it is not taken: NotActive when the
     run has no live attempt or its owner does not take the command. ``message`` (any JSON
-    up to 64 KiB encoded) goes with ``message`` to the attempt's live inbox. Returns the
-    run as read (its ``generation`` is the attempt that took the command).
+    up to 64 KiB encoded) goes with ``message`` to the attempt's live inbox. A command
+    taken is noted in the run's activity log (a record, not state), with who sent it.
+    Returns the run as read (its ``generation`` is the attempt that took the command).
     """
     if command not in LIVE_COMMANDS:
         raise InvalidRequest(f"Unknown live command {command!r}.", field="command")
