@@ -28,6 +28,7 @@ urlpatterns = [
     path("overview/", views.overview, name="runs-overview-page"),
     path("bulk/", views.bulk_jobs, name="runs-bulk-page"),
     path("bulk/rows/", views.bulk_rows, name="runs-bulk-rows"),
+    path("bulk/<uuid:job_id>/", views.bulk_job, name="runs-bulk-job-page"),
     path("workers/", views.workers, name="runs-workers-page"),
     # Browsers ask for /favicon.ico on their own; the site's icon is a static SVG.
     path("favicon.ico", views.favicon, name="favicon"),

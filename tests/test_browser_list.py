@@ -577,6 +577,50 @@ def test_a_bulk_job_over_a_filter_can_be_aborted(tab, embedded_site):
     assert not page.is_visible(f'{row} [data-bulk="abort"]')
 
 
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_a_bulk_job_opens_on_its_runs_and_follows_the_job_live(browser, embedded_site,
+                                                               viewport):
+    """From /bulk/ a job opens on its page: who started it, from where, its progress and
+    each run with its outcome, linked; it follows the job while it runs (rendered once by
+    the server, then redrawn from pushes), in light and dark."""
+    later = "2999-01-01T00:00:00Z"
+    status, made = embedded_site.call("POST", "/api/runs/batch/", {"runs": [
+        {"agent": "demo.steps", "start_after": later} for _ in range(120)]})
+    assert status == 201, made
+    runs = made["results"]
+    tab = Tab(browser, embedded_site, viewport)
+    try:
+        page = tab.open("/bulk/")
+        status, job = embedded_site.call("POST", "/api/bulk/", {
+            "action": "cancel", "ids": [run["id"] for run in runs]})
+        assert status == 201
+        link = f'tr.job[data-job-id="{job["id"]}"] a[href="/bulk/{job["id"]}/"]'
+        page.click(link)
+        page.wait_for_selector(f'#bulk-job[data-job-id="{job["id"]}"]')
+        # Drawn while the job still runs (120 runs take a while): the rest comes from pushes.
+        assert page.get_attribute("#bulk-progress .bulk-job", "data-state") != "done"
+        assert page.locator("#bulk-items tr.item[data-outcome=pending]").count() > 0
+        page.wait_for_selector('#live[data-status="live"]')
+        page.wait_for_selector('#bulk-progress .bulk-job[data-state="done"]', timeout=30_000)
+        page.wait_for_function(
+            "() => document.querySelectorAll('#bulk-items tr.item[data-outcome=applied]')"
+            ".length === 100")
+        assert "via REST API" in page.text_content("#bulk-job")
+        assert "120 chosen by id" in page.text_content('[data-field="selection"]')
+        first = page.locator("#bulk-items tr.item a").first
+        assert first.get_attribute("href").startswith("/runs/")
+        page.click(".pager a:has-text('Next')")
+        page.wait_for_function(
+            "() => document.querySelectorAll('#bulk-items tr.item').length === 20")
+        assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
+        for scheme in ("light", "dark"):
+            page.emulate_media(color_scheme=scheme)
+            assert serious_violations(page) == [], scheme
+        assert tab.errors == []
+    finally:
+        tab.close()
+
+
 # --- accessibility, both sizes, both schemes ----------------------------------------------
 
 @pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])

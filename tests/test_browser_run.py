@@ -518,6 +518,11 @@ def test_a_message_from_the_runs_page_steers_the_agent_with_a_receipt(page, embe
     page.wait_for_selector(f'{row}[data-end-cause="completed"]')
     output = embedded_site.call("GET", f"/api/runs/{run_id}/")[1]["output"]
     assert output == {"messages": [{"n": 1}, "plain words", {"done": True}]}
+    # Each delivery is on the trace's axis where the attempt took it, with who sent it.
+    delivered = '#trace .trace-row[data-kind="control"]:has-text("Message delivered")'
+    page.wait_for_selector(f"{delivered} >> nth=2")
+    assert page.locator(delivered).count() == 3
+    assert "by admin via Browser" in page.locator(delivered).first.text_content()
     page.fill("#steer-message", '"too late"')
     page.click('[data-action="send-message"]')
     page.wait_for_selector('[data-field="steer-receipt"][data-outcome="refused"]'
@@ -627,3 +632,44 @@ def test_a_parents_page_follows_its_children_row_by_row(page, browser, embedded_
     assert len(traffic.requests) <= traffic.pushes + 1, (len(traffic.requests), traffic.pushes)
     # A child's change asks for its row, not for the run's parts.
     assert any("rows=" in url and "parts=" not in url for url in traffic.requests)
+
+
+@pytest.mark.parametrize("size", [PHONE, {"width": 1280, "height": 800}],
+                         ids=["phone", "desktop"])
+def test_the_trace_draws_alike_steps_as_one_row_and_a_chat_cancelled_mid_stream(
+        page, embedded_site, size):
+    """Four prompts with the same short answer, then a long one cancelled while it streams:
+    the trace has the four steps as one row that opens, the cancelled call with its time
+    and the tokens received, and the cancel with who asked, in light and dark."""
+    page.set_viewport_size(size)
+    run_id, row = open_run(page, embedded_site, "demo.chat", {
+        "prompts": ["hello", "hello", "hello", "hello", "Tell me how a cancel works."],
+        "model": "canned+pace=0.05"})
+    page.wait_for_function(
+        "() => document.querySelectorAll('.activity-log li[data-kind=step]').length >= 4")
+    page.wait_for_selector('#live-output:not([hidden]) [data-field="live-output"]:text("stub")')
+    page.click(f'{row} [data-action="cancel"]')
+    page.wait_for_selector(f'{row}[data-end-cause="cancelled"]', timeout=5_000)
+    cut = '#trace .trace-row[data-kind="model"][data-outcome="cancelled"]'
+    page.wait_for_selector(cut)
+    text = page.text_content(cut)
+    assert re.search(r"starts at \+\d.* · lasts \d.* · \d+ tokens? received · cancelled",
+                     text), text
+    assert "Nothing yet" not in page.text_content("#activity")
+    alike = "#trace details.trace-steps > summary"
+    assert "Step 1–4" in page.text_content(alike) and "4 steps" in page.text_content(alike)
+    assert not page.is_visible("#trace .trace-members")
+    page.click(alike)
+    assert page.locator("#trace .trace-members > li").count() == 4
+    cancel = page.text_content('#trace .trace-row[data-kind="control"]')
+    assert "Cancel requested" in cancel and "by admin" in cancel and "via Browser" in cancel
+    # Every bar has its words: the durations are text next to it, not only a length.
+    for figures in page.locator("#trace .trace-figures").all_text_contents():
+        assert re.search(r"\+\d", figures), figures
+    assert page.evaluate("document.documentElement.scrollWidth") <= size["width"]
+    bar = page.locator('#trace .trace-row[data-kind="run"] .trace-bar').bounding_box()
+    assert bar["width"] > size["width"] / 3 and bar["x"] + bar["width"] <= size["width"]
+    for scheme in ("light", "dark"):
+        page.emulate_media(color_scheme=scheme)
+        assert serious_violations(page) == [], scheme
+    assert embedded_site.call("GET", f"/api/runs/{run_id}/")[1]["usage"]["steps"] == 4

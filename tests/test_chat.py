@@ -9,7 +9,9 @@ import time
 
 import pytest
 
+from harness.processes import wait_until
 from runs.domain.actions import action_digest
+from runs.providers import metering
 from runs.providers.client import ChatClient, ProviderConfig, ToolCall
 from runs.runtime.agent import Context, Interrupted, tool
 from runs.runtime.token import CancellationToken, Why
@@ -166,6 +168,32 @@ def test_a_cancel_mid_stream_closes_the_connection_and_drops_the_partial_answer(
     assert call.finished is None
     assert host.commits == []
     assert [message["delta"] for _, message in host.pushes] == ["You "]
+
+
+def test_a_chat_cancelled_mid_stream_is_recorded_with_its_time_and_the_tokens_received(
+        stub_server):
+    """The cancelled call is in the run's activity (and so its trace): a model call marked
+    cancelled, from its start until the abort, with the tokens (streamed chunks) received
+    by then; the step it was for commits nothing."""
+    token = CancellationToken()
+
+    async def work(ctx, host):
+        metering.CURRENT.set(ctx.meter)  # as the executor does for the attempt's task
+        asyncio.get_running_loop().run_in_executor(None, lambda: (
+            wait_until(lambda: ctx.meter.received >= 3, 10, "three chunks"),
+            token.cancel(Why("command"))))
+        started = time.monotonic()
+        with pytest.raises(Interrupted):
+            async with ctx.step():
+                await ctx.chat(HELLO, model="echo+hang=3")
+        return time.monotonic() - started
+
+    host, waited = attempt(stub_server, work, token=token)
+    assert host.commits == []
+    (cut,) = [entry for entry in host.activity_log if entry["kind"] == "model"]
+    assert (cut["text"], cut["tokens"]) == ("echo+hang=3", 3)
+    assert cut["data"] == {"cancelled": True, "finish_reason": "cancelled", "received": 3}
+    assert 0 < cut["ms"] <= waited * 1000
 
 
 @tool

@@ -10,7 +10,7 @@ from django.http import QueryDict
 from runs import domain
 from runs.pages import filters
 from tests.conftest import browser_for, make_user
-from tests.factories import queued_run
+from tests.factories import awaiting_run, queued_run, running_run
 
 pytestmark = pytest.mark.django_db
 
@@ -144,6 +144,57 @@ def test_pushed_bulk_jobs_are_redrawn_from_the_servers_one_rendering():
     assert 'data-bulk="abort"' in progress.content.decode()
     assert client.get("/bulk/rows/", {"ids": str(job.id), "view": "x"}).status_code == 400
     assert browser_for(make_user("sam")).get("/bulk/rows/").status_code == 403
+
+
+def a_handled_bulk_job():
+    """A resume of a running run and an ended one (unchanged both) and an awaiting one
+    (applied), handled."""
+    running, _ = running_run(agent="demo.hang")
+    ended = queued_run()
+    domain.run_cancel(run_id=ended.id, actor="olga", source="ui")
+    awaiting, _ = awaiting_run()
+    job = domain.bulk_create(action="resume", ids=[running.id, ended.id, awaiting.id],
+                             requested_by="olga", created_by=None, source="cli")
+    domain.bulk_job_run(job_id=job.id)
+    return job, {"running": running, "ended": ended, "awaiting": awaiting}
+
+
+def test_a_bulk_job_page_shows_who_started_it_how_and_the_outcome_of_each_run():
+    job, runs = a_handled_bulk_job()
+    viewer = browser_for(make_user("vic", "viewer"))
+    html = viewer.get(f"/bulk/{job.id}/").content.decode()
+    assert "Resume of 3 chosen runs" in html and "3 chosen by id" in html
+    assert "<bdi>olga</bdi> <span class=\"muted\">via Command line</span>" in html
+    assert "3 of 3 handled (1 applied, 2 already ended, 0 refused)" in html
+    outcomes = dict(re.findall(r'<a href="/runs/([0-9a-f-]{36})/">.*?'
+                               r'<span class="badge outcome" data-outcome="(\w+)"', html, re.S))
+    assert outcomes == {str(runs["running"].id): "unchanged", str(runs["ended"].id): "unchanged",
+                        str(runs["awaiting"].id): "applied"}
+    assert "not awaiting (running)" in html and "not awaiting (cancelled)" in html
+    assert 'data-bulk="abort"' not in html  # a viewer sees, and cannot abort
+    # The jobs page opens it.
+    assert f'href="/bulk/{job.id}/"' in viewer.get("/bulk/").content.decode()
+
+
+def test_a_bulk_job_filter_is_shown_and_its_runs_are_paged(monkeypatch):
+    runs = [queued_run(agent="demo.hang") for _ in range(3)]
+    job = domain.bulk_create(action="cancel", criteria={"agent": "demo.hang"},
+                             requested_by="olga", created_by=None, source="ui")
+    monkeypatch.setattr(domain.bulk, "ITEMS_PAGE", 2)
+    client = browser_for(make_user("olga", "operator"))
+    first = client.get(f"/bulk/{job.id}/").content.decode()
+    assert "<code>agent=demo.hang</code>" in first
+    assert first.count('<tr class="item"') == 2 and "not yet" in first
+    assert 'data-bulk="abort"' in first  # an operator may abort it while it waits
+    after = re.search(r'href="\?after=(\d+)"', first).group(1)
+    rest = client.get(f"/bulk/{job.id}/", {"after": after, "items": "1"}).content.decode()
+    assert rest.count('<tr class="item"') == 1 and "<html" not in rest
+    shown = set(re.findall(r'href="/runs/([0-9a-f-]{36})/"', first + rest))
+    assert shown == {str(run.id) for run in runs}
+    assert client.get(f"/bulk/{job.id}/", {"after": "²"}).status_code == 400
+    assert client.get(f"/bulk/{runs[0].id}/").status_code == 404
+    assert browser_for(make_user("sam")).get(f"/bulk/{job.id}/").status_code == 403
+    assert browser_for().get(f"/bulk/{job.id}/").status_code == 302
 
 
 def test_error_pages_are_the_sites_own_with_a_way_back():

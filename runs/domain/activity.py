@@ -107,12 +107,23 @@ def _append(run_id, generation: int, entries: list[dict]) -> list[Activity]:
     return Activity.objects.bulk_create(rows)
 
 
+TAKEN = {"pause": "pause requested", "cancel": "cancel delivered",
+         "message": "message delivered", "wake": "wake delivered"}
+
+
 def control_taken(*, run_id, generation: int, command: str, actor: str | None,
                   source: str | None) -> None:
-    """Note a live request the run's attempt took (a pause): who asked, from where."""
+    """Note a live command the run's attempt took (a pause, a message, a wake, a live
+    cancel): who sent it, from where."""
     activity_record(run_id=run_id, generation=generation, entries=[{
-        "kind": ActivityKind.CONTROL, "text": f"{command} requested",
+        "kind": ActivityKind.CONTROL, "text": TAKEN.get(command, f"{command} delivered"),
         "data": {"action": command, "actor": actor, "source": source}}])
+
+
+def is_pause(entry: Activity) -> bool:
+    """Whether a control entry is a pause (the entries before deliveries were noted are
+    all pauses, and some name no action)."""
+    return (entry.data or {}).get("action", "pause") == "pause"
 
 
 def run_activity(*, run_id, after: int = 0, last: int | None = None,
@@ -137,9 +148,10 @@ def activity_facts(*, run_id) -> dict:
     the agent gave, the error that failed an attempt (with its traceback), and the live
     requests the attempts took (pauses), oldest first."""
     entries = Activity.objects.filter(run_id=run_id)
+    controls = entries.filter(kind=ActivityKind.CONTROL).order_by("seq")
     return {
         "progress": entries.filter(kind=ActivityKind.PROGRESS).order_by("-seq").first(),
         "failure": entries.filter(kind=ActivityKind.ERROR).order_by("-seq").first(),
-        "live_requests": list(entries.filter(kind=ActivityKind.CONTROL).order_by("seq")),
+        "live_requests": [entry for entry in controls if is_pause(entry)],
         "activity_total": activity_count(run_id=run_id),
     }

@@ -261,6 +261,25 @@ def bulk_job_get(job_id) -> BulkJob:
     return job
 
 
+ITEMS_PAGE = 100  # runs of a job shown on one page of its detail
+
+
+def bulk_job_items(*, job_id, after: int = 0, limit: int | None = None):
+    """The runs a job selected, in the order it handles them, each with what the job did
+    (its outcome, detail and when), from the item after ``after``. Returns ``(items, the
+    ``after`` of the next page or None)``; each item's ``run`` holds only the few columns a
+    row shows (id, agent, state, end cause). ``limit``: ``ITEMS_PAGE`` unless given."""
+    limit = limit or ITEMS_PAGE
+    items = list(BulkItem.objects.filter(job_id=_job_pk(job_id), id__gt=after)
+                 .select_related("run").only("id", "outcome", "detail", "done_at", "job_id",
+                                             "run__id", "run__agent", "run__state",
+                                             "run__end_cause")
+                 .order_by("id")[:limit + 1])
+    more = len(items) > limit
+    items = items[:limit]
+    return items, (items[-1].id if more else None)
+
+
 def bulk_jobs_among(ids) -> list[BulkJob]:
     """Those of the jobs named by ``ids`` that exist, newest first (a bad id names none)."""
     keys = []

@@ -330,8 +330,9 @@ def run_live_command(*, run_id, command: str, actor: str, source: str, message=N
 
     No intent is written and nothing happens later if it is not taken: NotActive when the
     run has no live attempt or its owner does not take the command. ``message`` (any JSON
-    up to 64 KiB encoded) goes with ``message`` to the attempt's live inbox. Returns the
-    run as read (its ``generation`` is the attempt that took the command).
+    up to 64 KiB encoded) goes with ``message`` to the attempt's live inbox. A command
+    taken is noted in the run's activity log (a record, not state), with who sent it.
+    Returns the run as read (its ``generation`` is the attempt that took the command).
     """
     if command not in LIVE_COMMANDS:
         raise InvalidRequest(f"Unknown live command {command!r}.", field="command")
@@ -343,6 +344,10 @@ def run_live_command(*, run_id, command: str, actor: str, source: str, message=N
     run = run_get(run_id)  # the claim as committed: no owner unless it is running
     outside.workers.send_command_and_wait(run_id=run.id, generation=run.generation, owner=run.owner,
                           command=command, actor=actor, source=source, message=message)
+    # Taken: the run's activity (and trace) says who sent what, when. A pause is not done
+    # yet: the page says so until it commits.
+    activity.control_taken(run_id=run.id, generation=run.generation, command=command,
+                           actor=actor, source=source)
     return run
 
 
@@ -350,11 +355,7 @@ def run_pause(*, run_id, actor: str, source: str) -> Run:
     """Ask a running run to pause at its next step boundary (a live signal; the run moves
     to ``awaiting`` with a ticket when its attempt reaches the boundary). NotActive when it
     is not running."""
-    run = run_live_command(run_id=run_id, command="pause", actor=actor, source=source)
-    # Taken, not yet done: the run's activity says so until the pause commits.
-    activity.control_taken(run_id=run.id, generation=run.generation, command="pause",
-                           actor=actor, source=source)
-    return run
+    return run_live_command(run_id=run_id, command="pause", actor=actor, source=source)
 
 
 def ticket_revoke(*, ticket_id, actor: str, source: str,

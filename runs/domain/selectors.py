@@ -449,7 +449,7 @@ STATE_KINDS = (EventKind.CREATED, EventKind.STARTED, EventKind.PAUSED, EventKind
 
 
 # The parts of a run's page, which its live updates fetch one by one (``run_page(parts=)``).
-PAGE_PARTS = ("summary", "ask", "io", "requests", "timeline", "attempts", "tree")
+PAGE_PARTS = ("summary", "ask", "trace", "io", "requests", "timeline", "attempts", "tree")
 
 
 def run_page(*, run_id, parts=PAGE_PARTS, after: int | None = None, rows=None) -> dict:
@@ -460,7 +460,7 @@ def run_page(*, run_id, parts=PAGE_PARTS, after: int | None = None, rows=None) -
     the named runs that are in its tree, with their depth."""
     run = run_get(run_id)
     page = {"run": run}
-    if {"summary", "requests"} & set(parts):
+    if {"summary", "requests", "trace"} & set(parts):
         page["state_events"] = list(run.events.filter(kind__in=STATE_KINDS)
                                     .order_by("-seq")[:PAGE_EVENTS])[::-1]
     if "timeline" in parts:
@@ -469,10 +469,13 @@ def run_page(*, run_id, parts=PAGE_PARTS, after: int | None = None, rows=None) -
         # Older than what the page shows: the page keeps the newest PAGE_EVENTS.
         shown = len(page["events"]) if after is None else PAGE_EVENTS
         page["events_hidden"] = max(0, run.version - shown)
-    if "attempts" in parts:
+    if {"attempts", "trace"} & set(parts):
         page["attempts"] = list(run.attempts.order_by("generation"))
-    if "requests" in parts:
+    if {"requests", "trace"} & set(parts):
         page["intents"] = list(run.intents.order_by("requested_at"))
+    if "trace" in parts:  # the resumes it draws are among the page's newest events
+        page["trace_events"] = (page["events"] if "timeline" in parts and after is None
+                                else list(run.events.order_by("-seq")[:PAGE_EVENTS])[::-1])
     if "tree" in parts:
         tree = run_tree(run, most=PAGE_TREE)
         page.update(tree=tree, tree_cut=len(tree) >= PAGE_TREE,

@@ -11,7 +11,7 @@ from django.templatetags.static import static
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from runs.domain import activity, bulk, catalogue, limits, review, selectors
+from runs.domain import activity, bulk, catalogue, limits, review, selectors, trace
 from runs.domain.errors import InvalidRequest, RunNotFound, ServiceError
 from runs.domain.roles import is_operator, is_viewer
 from runs.models import LIVE_STATES, EndCause, EventKind, Source, TicketReason
@@ -186,6 +186,27 @@ def bulk_jobs(request):
                             page_context(request, jobs=jobs, cursor=cursor))
 
 
+@viewer_required
+@require_GET
+def bulk_job(request, job_id):
+    """One bulk job: what it asked of which runs, who started it, from where and when, its
+    progress, and a page of the runs it handled with the outcome of each. With ``?items=1``
+    only the rows of that page (the page redraws them as the job goes on)."""
+    try:
+        job = bulk.bulk_job_get(job_id)
+    except ServiceError:
+        raise Http404("No such bulk job.") from None
+    after = limits.plain_integer(request.GET.get("after", "0"))
+    if after is None:
+        raise BadRequest("after is an item number (ASCII digits).")
+    items, next_after = bulk.bulk_job_items(job_id=job.id, after=after)
+    context = page_context(request, job=job, items=items, after=after, next_after=next_after,
+                           filters=sorted((job.filter or {}).items()))
+    if request.GET.get("items") == "1":
+        return TemplateResponse(request, "runs/_bulk_items.html", context)
+    return TemplateResponse(request, "runs/bulk_job.html", context)
+
+
 BULK_VIEWS = {"row": "runs/_bulk_row.html", "progress": "runs/_bulk_progress.html"}
 
 
@@ -250,7 +271,7 @@ def run_panel(run_id, *, parts=selectors.PAGE_PARTS, after=None, rows=None) -> d
         raise Http404("No such run.") from None
     run = with_pending([page["run"]])[0]
     context = {"rows": None, **page, "after": after, "page_events": selectors.PAGE_EVENTS}
-    if {"summary", "requests", "timeline"} & set(parts):
+    if {"summary", "requests", "timeline", "trace"} & set(parts):
         context.update(activity.activity_facts(run_id=run.id))
     changed = page.get("state_events", [])
     if "summary" in parts:
@@ -261,8 +282,12 @@ def run_panel(run_id, *, parts=selectors.PAGE_PARTS, after=None, rows=None) -> d
     if "ask" in parts:
         context.update(review_links=review.review_links(run_id=run.id),
                        policy_reasons=POLICY_REASONS, raise_limit=raise_limit(run))
-    if "requests" in parts:
+    if {"requests", "trace"} & set(parts):
         context["requests"] = control_rows(page["intents"], context["live_requests"], changed)
+    if "trace" in parts:
+        context["trace"] = trace.run_trace(run, attempts=page["attempts"],
+                                           requests=context["requests"],
+                                           events=page["trace_events"])
     if "timeline" in parts:
         # Newest first; a live request (a pause) shows where it was taken, before its
         # effect. The events after a seq come alone: the page has its live requests.

@@ -28,6 +28,7 @@ class Meter:
     def __init__(self):
         self.connections: deque[list] = deque(maxlen=self.KEEP_CONNECTIONS)
         self.chunk_times = array("d")
+        self.received = 0  # chunks ever received (the arrival times are trimmed, not this)
         self.open = 0
         self._idle: asyncio.Event | None = None
 
@@ -48,6 +49,7 @@ class Meter:
     def chunks(self, count: int) -> None:
         if count <= 0:
             return
+        self.received += count
         self.chunk_times.extend([time.time()] * count)
         if len(self.chunk_times) > 2 * self.KEEP_CHUNKS:
             del self.chunk_times[:-self.KEEP_CHUNKS]

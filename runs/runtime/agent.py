@@ -161,7 +161,11 @@ class Context:
     async def infer(self, call: Awaitable | Callable[[], Awaitable], *, tokens: int = 0):
         """Await a model call; ``tokens`` (or the result's ``tokens`` attribute) is counted."""
         started, at = time.perf_counter(), _now()
-        result = await self.race(call() if callable(call) else call)
+        try:
+            result = await self.race(call() if callable(call) else call)
+        except Interrupted:
+            self._model_cancelled("inference", at=at, started=started, chunks=None)
+            raise
         used = getattr(result, "tokens", None) or tokens
         self._step_tokens += used
         self.record_activity("model", at=at, text=getattr(result, "model", None) or "inference",
@@ -187,6 +191,16 @@ class Context:
                                  **(data or {}),
                                  **_token_split(prompt_tokens, completion_tokens)} or None)
 
+    def _model_cancelled(self, model: str, *, at, started: float, chunks: int | None) -> None:
+        """A model call the attempt was stopped in the middle of, for the run's trace: the
+        time from its start until the abort and, streamed, the tokens (chunks) received by
+        then. They count toward no step: the step they were for does not commit."""
+        received = None if chunks is None else max(0, self.meter.received - chunks)
+        self.record_activity("model", at=at, text=model or "model",
+                             ms=(time.perf_counter() - started) * 1000, tokens=received,
+                             data={"cancelled": True, "finish_reason": "cancelled",
+                                   **({} if received is None else {"received": received})})
+
     def model_name(self, name: str | None = None) -> str:
         """``name``, or the configured provider's default model (AWAKEN_PROVIDER_MODEL)."""
         return name or self._host.provider.config.model
@@ -210,16 +224,19 @@ class Context:
         specs = [item if isinstance(item, dict) else as_tool(item).spec()
                  for item in tools or ()]
         live = self.output_stream() if stream else None
-        at = _now()
+        at, started, chunks = _now(), time.perf_counter(), self.meter.received
         call = self._host.provider.chat(
             messages, model=model, tools=specs or None, stream=stream, timeout=timeout,
             on_delta=live.write if live else None,
             on_retry=(lambda tries, delay: live.restart()) if live else None, **params)
         try:
             reply = await self.race(call)
-        except BaseException:
+        except BaseException as error:
             if live is not None:
                 live.close(keep=False)
+            if isinstance(error, Interrupted):
+                self._model_cancelled(self.model_name(model), at=at, started=started,
+                                      chunks=chunks)
             raise
         if live is not None:
             live.close(keep=True)

@@ -163,8 +163,12 @@ class Executor:
             kind = stop.why.kind if stop.why else "command"
             outcome = "interrupted" if kind in ("command", "parent") else kind
             try:
-                await self._interrupted(run_id, generation, stop.why, view,
-                                        trace=await self._trace(ctx), traced=entry.trace)
+                trace = await self._trace(ctx)
+                # What the attempt did, the call it was stopped in included, is on record
+                # before its end is, so the page drawn for the end shows it.
+                await host.activity_log.flushed()
+                await self._interrupted(run_id, generation, stop.why, view, trace=trace,
+                                        traced=entry.trace)
             except Exception:  # the lease expires and the sweeper applies what is pending
                 log.exception("run %s: could not record the end of attempt %s", run_id,
                               generation)

@@ -101,6 +101,8 @@ def activity_detail(entry) -> str:
     data = entry.data or {}
     if entry.kind == "tool" and data.get("ok") is False:
         return f"failed: {data.get('error', '')}"
+    if entry.kind == "model" and data.get("cancelled"):
+        return "cancelled mid-call: its time until the abort, the tokens received by then"
     if entry.kind == "model" and data.get("tools"):
         return "asked for " + ", ".join(data["tools"])
     if entry.kind == "progress" and data.get("done") is not None:
@@ -124,6 +126,18 @@ def activity_figures(entry) -> str:
     parts = [f"{entry.tokens}\u00a0tokens" if entry.tokens else "",  # each kept on one line
              f"gen\u00a0{entry.generation}" if entry.generation else ""]
     return " · ".join(part for part in parts if part)
+
+
+# How a bulk job's request went, by the path ``runs.domain.runs`` answered with.
+BULK_PATHS = {"live": "asked of its running attempt", "durable": "applied at once",
+              "ended": "had already ended"}
+
+
+@register.filter
+def bulk_detail(value) -> str:
+    """A bulk item's detail as people read it: the path its request took, or the domain's
+    own words (a resume's, a refusal's)."""
+    return BULK_PATHS.get(value or "", value or "")
 
 
 @register.filter

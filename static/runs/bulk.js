@@ -198,5 +198,47 @@ function jobsPage(list) {
   });
 }
 
+// One job's page: its progress box and the page of its runs shown, both redrawn by the
+// server (the same fragments as the other pages) when the job's progress is pushed.
+function jobPage(section) {
+  const id = section.dataset.jobId;
+  const draw = progressView($("#bulk-progress"));
+  const items = $("#bulk-items");
+  const redraw = liveTimes(document.querySelector("main"));
+  let fetching = false;
+  let again = false;
+  async function reload() {
+    if (fetching) {
+      again = true;
+      return;
+    }
+    fetching = true;
+    try {
+      const params = new URLSearchParams({ items: "1", after: section.dataset.after || "0" });
+      const response = await fetch(`/bulk/${id}/?${params}`, { credentials: "same-origin" });
+      if (response.ok) {
+        items.innerHTML = await response.text();
+        redraw();
+      }
+    } finally {
+      fetching = false;
+      if (again) {
+        again = false;
+        reload().catch(() => {});
+      }
+    }
+  }
+  new Live("/ws/runs/", (message) => {
+    if (message.type === "bulk.changed" && message.job.id === id) {
+      draw(message.job).catch(() => {});
+      reload().catch(() => {});
+    } else if (message.type === "snapshot") {
+      reload().catch(() => {});  // what changed while the page was away
+    }
+  });
+}
+
 const jobs = $("table.jobs");
 if (jobs) jobsPage(jobs);
+const job = $("#bulk-job");
+if (job) jobPage(job);

@@ -51,12 +51,12 @@ function tick() {
 // --- the panel ------------------------------------------------------------------------------
 
 // The panel is made of parts (`data-part`), each rendered by the server, and follows the
-// pushes part by part: a change of the run fetches its summary, ask, requests and attempts
+// pushes part by part: a change of the run fetches its summary, ask, trace, requests and attempts
 // parts and the timeline's events after the newest one shown (its input and output too when
 // its state changed); a change of a child fetches that child's row (the whole tree when
 // the child is new); the socket's snapshot (a first connection, a reconnection) fetches
 // the whole panel. What is asked within 50 ms, or while a fetch is out, goes as one request.
-const RUN_PARTS = ["summary", "ask", "requests", "attempts"];
+const RUN_PARTS = ["summary", "ask", "trace", "requests", "attempts"];
 
 function runPage(panel) {
   const runId = panel.dataset.runId;

@@ -156,14 +156,46 @@ def open_bulk_dialog(tab) -> None:
 
 
 def stop_the_stuck_runs(site: Site, runs: dict) -> None:
-    """Bulk jobs for the picture of the jobs page: one stops the stuck runs, one finds
-    nothing left to cancel."""
+    """Bulk jobs for the picture of the jobs page (once): one stops the stuck runs, one
+    finds nothing left to cancel; ``job`` is the stop's, for the picture of one job."""
+    if "job" in runs:
+        return
     start_stuck_runs(site, runs)
     for action, extra in (("cancel", {"ids": [runs["completed"], runs["failed"]]}),
-                          ("stop", {"ids": runs["stuck"], "reason": "stuck in a tool"})):
+                          ("stop", {"ids": [*runs["stuck"], runs["cancelled"]],
+                                    "reason": "stuck in a tool"})):
         job = site.call("POST", "/api/bulk/", {"action": action, **extra})
         wait_until(lambda job=job: site.call("GET", f"/api/bulk/{job['id']}/")["state"]
                    == "done", 60, "the bulk job to finish")
+        runs["job"] = job["id"]
+
+
+def chat_cancelled_mid_stream(site: Site, runs: dict) -> None:
+    """For the picture of a trace (once): a chat whose first four prompts get the same
+    short answer (alike steps, drawn as one row), cancelled while the fifth streams."""
+    if "chat" in runs:
+        return
+    run_id = site.call("POST", "/api/runs/", {"agent": "demo.chat", "input": {
+        "prompts": ["hello", "hello", "hello", "hello", "Tell me how a cancel works."],
+        "model": "canned+pace=0.08"}})["id"]
+
+    def steps() -> int:
+        entries = site.call("GET", f"/api/runs/{run_id}/activity/")["results"]
+        return sum(entry["kind"] == "step" for entry in entries)
+
+    wait_until(lambda: steps() >= 4, 60, "the chat's fourth step")
+    streaming = time.monotonic() + 1.5  # the fifth answer has streamed for a while
+    wait_until(lambda: time.monotonic() > streaming, 5, "the fifth answer to stream")
+    site.call("POST", f"/api/runs/{run_id}/cancel/?wait=2", {})
+    wait_until(lambda: site.call("GET", f"/api/runs/{run_id}/")["state"] == "ended", 30,
+               "the chat to end")
+    runs["chat"] = run_id
+
+
+def show_trace(tab) -> None:
+    """The trace in view, its alike steps opened."""
+    tab.click("#trace details.trace-steps > summary")
+    tab.evaluate("() => document.querySelector('#trace').scrollIntoView({block: 'start'})")
 
 
 def make_review_link(site: Site, runs: dict) -> None:
@@ -201,6 +233,10 @@ PAGES = [
     Page("workers", "/workers/", "tr.worker", live=False),
     Page("run", "/runs/{running}/",
          "js:() => document.querySelectorAll('.activity-log li:not(.empty)').length >= 2"),
+    Page("run-trace", "/runs/{chat}/", "#trace .trace-row[data-outcome=cancelled]",
+         prepare=chat_cancelled_mid_stream, show=show_trace),
+    Page("bulk-job", "/bulk/{job}/", "js:() => document.querySelectorAll('tr.item').length >= 4",
+         prepare=stop_the_stuck_runs),
     Page("run-failed", "/runs/{failed}/", "pre.traceback"),
     Page("run-resume", "/runs/{awaiting}/", '#panel [data-action="resume"]',
          show=open_resume_dialog),
@@ -210,8 +246,9 @@ PAGES = [
 
 
 class Command(BaseCommand):
-    help = ("Draw the console's pages (run list, the new-run form, overview, a bulk job, "
-            "bulk jobs, a run, a failed run, a resume dialog, a review link), with runs "
+    help = ("Draw the console's pages (run list, the new-run form, overview, a bulk job's "
+            "dialog, bulk jobs, one bulk job, a run, a run's trace, a failed run, a resume "
+            "dialog, a review link), with runs "
             "in each state, at 1280x800 and 390x844 into docs/ (Debian's chromium, on an "
             "embedded site of the command's own).")
 
@@ -226,8 +263,11 @@ class Command(BaseCommand):
                             help="One picture of the run list into this file, at the first "
                                  "--size (1280x800 by default).")
         parser.add_argument("--chromium", default=CHROMIUM)
+        parser.add_argument("--scheme", choices=["light", "dark"], default="light",
+                            help="The colour scheme the browser asks for; dark pictures are "
+                                 "named <page>-<width>x<height>-dark.png.")
 
-    def handle(self, output_dir, page, size, output, chromium, **options):
+    def handle(self, output_dir, page, size, output, chromium, scheme, **options):
         sizes = [self.parse_size(text) for text in size] if size else list(SIZES)
         chosen = [entry for entry in PAGES if not page or entry.name in page]
         if output is not None:
@@ -238,7 +278,8 @@ class Command(BaseCommand):
             site = Site(Path(var_dir))
             try:
                 runs = self.start_runs(site)
-                written = self.draw(site, runs, chosen, sizes, chromium, output_dir, output)
+                written = self.draw(site, runs, chosen, sizes, chromium, output_dir, output,
+                                    scheme)
             finally:
                 site.stop()
         for path in written:
@@ -288,7 +329,7 @@ class Command(BaseCommand):
         return {status: run_id for run_id, status in expected.items()}
 
     def draw(self, site: Site, runs: dict, pages: list, sizes: list, chromium: str,
-             output_dir: Path, output: Path | None) -> list[Path]:
+             output_dir: Path, output: Path | None, scheme: str = "light") -> list[Path]:
         try:
             from playwright.sync_api import sync_playwright
         except ImportError:
@@ -302,7 +343,9 @@ class Command(BaseCommand):
                       "--disable-background-networking", "--disable-component-update",
                       "--disable-sync"])
             try:
-                tabs = {size: self.logged_in(browser, site, *size) for size in sizes}
+                tabs = {size: self.logged_in(browser, site, *size, scheme=scheme)
+                        for size in sizes}
+                suffix = "" if scheme == "light" else f"-{scheme}"
                 for entry in pages:
                     if entry.prepare is not None:
                         entry.prepare(site, runs)
@@ -316,7 +359,7 @@ class Command(BaseCommand):
                             tab.wait_for_selector(entry.ready)
                         if entry.show is not None:
                             entry.show(tab)
-                        path = output or output_dir / f"{entry.name}-{width}x{height}.png"
+                        path = output or output_dir / f"{entry.name}-{width}x{height}{suffix}.png"
                         path.parent.mkdir(parents=True, exist_ok=True)
                         tab.screenshot(path=str(path), full_page=entry.full)
                         written.append(path)
@@ -325,11 +368,11 @@ class Command(BaseCommand):
         return written
 
     @staticmethod
-    def logged_in(browser, site: Site, width: int, height: int):
+    def logged_in(browser, site: Site, width: int, height: int, scheme: str = "light"):
         phone = width < 600
         context = browser.new_context(viewport={"width": width, "height": height},
                                       has_touch=phone, is_mobile=phone,
-                                      device_scale_factor=1)
+                                      device_scale_factor=1, color_scheme=scheme)
         tab = context.new_page()
         tab.set_default_timeout(20_000)
         tab.goto(f"{site.base}/")
