@@ -9,6 +9,8 @@ the pages' contexts hold lists, not querysets (``tests/test_pages.py`` checks th
 queries while it renders).
 """
 
+from django.template.response import TemplateResponse
+
 from runs.workers.broker import release_database
 
 
@@ -22,5 +24,9 @@ class ReleaseBeforeRender:
         return self.get_response(request)
 
     def process_template_response(self, request, response):
+        if isinstance(response, TemplateResponse) and hasattr(request, "user"):
+            # A page's header shows its user: read now (session and user), not while it
+            # renders. A page that needs no login has not read it yet.
+            request.user.is_authenticated  # noqa: B018
         release_database()
         return response
