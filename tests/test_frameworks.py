@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from harness.processes import wait_until
 from runs import domain
-from runs.models import Attempt, Event, Run
+from runs.models import Activity, Attempt, Event, Run
 from runs.runtime.executor import Executor
 from runs.runtime.token import Why
 
@@ -205,6 +205,10 @@ def test_a_cancel_while_the_model_hangs_closes_the_connection_with_a_receipt(
     receipt = done.control.receipt
     assert receipt["provider_closed_at"] is not None
     assert receipt["tokens_after_request"] == 0 and receipt["tool_calls_refused"] == 0
+    # The call cut short is in the activity log, which the run's trace draws.
+    cut = [entry for entry in Activity.objects.filter(run_id=run.id, kind="model")
+           if (entry.data or {}).get("cancelled")]
+    assert len(cut) == 1 and cut[0].data["received"] == 0 and cut[0].ms > 0
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

@@ -186,6 +186,11 @@ async def _turn(ctx: Context, agent, start, *, run_config, hooks):
         live.close(keep=finished)
         if not finished:
             result.cancel()
+            if ctx.token.cancelled:  # a model call stopped in the middle: for the trace
+                for started, at, chunks in hooks.model_started.values():
+                    ctx.model_cancelled(ctx.model_name(ctx.input.get("model")), at=at,
+                                        started=started, chunks=chunks)
+                hooks.model_started.clear()
     return result
 
 
@@ -249,10 +254,12 @@ def _hooks(ctx: Context):
             self.tools = {}
 
         async def on_llm_start(self, context, agent, system_prompt, input_items):
-            self.model_started[id(agent)] = (time.perf_counter(), datetime.now(UTC))
+            self.model_started[id(agent)] = (time.perf_counter(), datetime.now(UTC),
+                                             ctx.meter.received)
 
         async def on_llm_end(self, context, agent, response):
-            started, at = self.model_started.pop(id(agent), (time.perf_counter(), None))
+            started, at, _ = self.model_started.pop(id(agent),
+                                                    (time.perf_counter(), None, None))
             usage = response.usage
             ctx.model_call(model=ctx.model_name(ctx.input.get("model")), at=at,
                            ms=(time.perf_counter() - started) * 1000,

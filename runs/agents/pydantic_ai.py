@@ -128,8 +128,14 @@ def _control(ctx: Context):
             return request_context
 
         async def wrap_model_request(self, run_ctx, *, request_context, handler):
-            started, at = time.perf_counter(), datetime.now(UTC)
-            response = await handler(request_context)
+            started, at, chunks = time.perf_counter(), datetime.now(UTC), ctx.meter.received
+            try:
+                response = await handler(request_context)
+            except BaseException:
+                if ctx.token.cancelled:  # stopped in the middle: the trace shows the call
+                    ctx.model_cancelled(ctx.model_name(ctx.input.get("model")), at=at,
+                                        started=started, chunks=chunks)
+                raise
             usage = response.usage
             ctx.model_call(model=response.model_name or "model", at=at,
                            ms=(time.perf_counter() - started) * 1000,

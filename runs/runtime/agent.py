@@ -164,7 +164,7 @@ class Context:
         try:
             result = await self.race(call() if callable(call) else call)
         except Interrupted:
-            self._model_cancelled("inference", at=at, started=started, chunks=None)
+            self.model_cancelled("inference", at=at, started=started, chunks=None)
             raise
         used = getattr(result, "tokens", None) or tokens
         self._step_tokens += used
@@ -191,10 +191,13 @@ class Context:
                                  **(data or {}),
                                  **_token_split(prompt_tokens, completion_tokens)} or None)
 
-    def _model_cancelled(self, model: str, *, at, started: float, chunks: int | None) -> None:
+    def model_cancelled(self, model: str, *, at, started: float, chunks: int | None) -> None:
         """A model call the attempt was stopped in the middle of, for the run's trace: the
-        time from its start until the abort and, streamed, the tokens (chunks) received by
-        then. They count toward no step: the step they were for does not commit."""
+        time from its start (``at``, and ``started`` on ``time.perf_counter``) until the
+        abort and, streamed, the tokens (chunks) received by then, counted from ``chunks``,
+        the attempt's ``meter.received`` when it started. They count toward no step: the
+        step they were for does not commit. ``chat`` and ``infer`` record their own; an
+        adapter whose framework makes its own model calls records them so."""
         received = None if chunks is None else max(0, self.meter.received - chunks)
         self.record_activity("model", at=at, text=model or "model",
                              ms=(time.perf_counter() - started) * 1000, tokens=received,
@@ -234,9 +237,10 @@ class Context:
         except BaseException as error:
             if live is not None:
                 live.close(keep=False)
-            if isinstance(error, Interrupted):
-                self._model_cancelled(self.model_name(model), at=at, started=started,
-                                      chunks=chunks)
+            # Interrupted here, or cancelled from above (a LangGraph node's task): a stop.
+            if isinstance(error, Interrupted) or self.token.cancelled:
+                self.model_cancelled(self.model_name(model), at=at, started=started,
+                                     chunks=chunks)
             raise
         if live is not None:
             live.close(keep=True)
