@@ -27,8 +27,8 @@ OWN_SITE_FIXTURES = {"embedded_site", "agent_site", "browser"}
 
 def pytest_collection_modifyitems(config, items):
     """Skip the PostgreSQL tests on SQLite, and mark ``ignores_database_url`` every test
-    that runs on a site or browser of its own, so that the SQLite and PostgreSQL streams of
-    ``make test`` leave it to the sites stream, which runs it once. A test so marked must not
+    that runs on a site or browser of its own, so that the PostgreSQL stream of ``make
+    test`` leaves it to the others, which run it once. A test so marked must not
     use the test database: on PostgreSQL it would be a test of the backend, left out by
     mistake."""
     skip = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL=postgres://...)")

@@ -17,8 +17,9 @@ from tests.test_browser import answer_dialogs
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                reason="needs Debian's chromium (apt-get install chromium)")
+pytestmark = [pytest.mark.sites_stream,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                 reason="needs Debian's chromium (apt-get install chromium)")]
 
 
 class Tab:

@@ -16,7 +16,8 @@ from harness.processes import EmbeddedSite
 # bound here only catches gross growth, such as a request that keeps what it read.
 MEMORY_BOUND = 1.5
 
-pytestmark = pytest.mark.ignores_database_url  # the embedded site's SQLite
+pytestmark = [pytest.mark.ignores_database_url,  # the embedded site's SQLite
+              pytest.mark.sites_stream]
 
 
 @pytest.fixture(scope="module")

@@ -231,7 +231,9 @@ def test_a_reply_past_the_cap_is_cut_there_and_its_connection_closed(stub_server
     if stream:  # (a whole answer is one write: the stub has sent it before it can see)
         wait_until(lambda: stub.calls[0].disconnected is not None, 10, "the stub to see it go")
         assert stub.calls[0].finished is None
-        assert stub.calls[0].chunks < 200  # of 1,221
+        # It stopped sending long before the end (1,221 chunks): how far it got before it
+        # saw the close depends on the machine's load (64 fill the cap).
+        assert stub.calls[0].chunks < 1221 // 2
 
 
 def test_a_reply_within_the_cap_is_read_whole(stub_server):

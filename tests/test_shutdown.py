@@ -107,7 +107,9 @@ def test_sigterm_to_daphne_answers_the_held_wait_ends_the_stream_and_socket_and_
     assert status == 202, body
     assert body["id"] == str(run.id) and body["state"] == "running"
     assert body["control"]["action"] == "cancel", body
-    assert all(not line.startswith("event: ") for line in rest), rest
+    # The stream ends cleanly (the read above raises if it is cut), with no error event:
+    # at most the push of the cancel, when it committed after the stream's snapshot.
+    assert {line for line in rest if line.startswith("event: ")} <= {"event: run.changed"}, rest
     assert code == GOING_AWAY
 
 
