@@ -265,6 +265,7 @@ class Repeating(Agent):
                 await ctx.tool(looked_up, order="E-1")
 
 
+@pytest.mark.postgres  # an executor's threads and this one: SQLite's shared cache locks tables
 @pytest.mark.django_db(transaction=True)
 def test_the_loop_guard_counts_direct_tool_calls_too():
     """Not only the calls the model asks for: every tool call through the host counts, by
