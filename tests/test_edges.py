@@ -203,6 +203,7 @@ def test_a_renewed_lease_is_not_expired_by_a_sweep():
     assert Run.objects.get(pk=run.id).state == RunState.RUNNING
 
 
+@pytest.mark.postgres  # an executor's threads and this one: SQLite's shared cache locks tables
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_renews_chunk_by_chunk_and_judges_every_attempt(monkeypatch):
     """Seven attempts in chunks of two: each is renewed, fenced or told of its request by
