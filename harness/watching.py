@@ -52,6 +52,20 @@ class Watcher:
     def bytes(self) -> int:
         return sum(request.sizes()["responseBodySize"] for request in self.requests)
 
+    @property
+    def urls(self) -> list[str]:
+        return [request.url for request in self.requests]
+
+    @property
+    def whole(self) -> list[str]:
+        """The requests of the whole panel (no part named)."""
+        return [url for url in self.urls if "?" not in url]
+
+    def watch(self, page) -> "Watcher":
+        page.on("request", self.requested)
+        page.on("websocket", self.socket)
+        return self
+
 
 class ListUser:
     """A logged-in user who loads the run list page again and again, on a thread."""
@@ -139,9 +153,7 @@ def watch(site, *, watchers: int = 3, kind: str = "steps", quiet_seconds: float 
         assert status == 201, run
         seen = []
         for page in pages:
-            watcher = Watcher(run["id"], tree={run["id"]})
-            page.on("request", watcher.requested)
-            page.on("websocket", watcher.socket)
+            watcher = Watcher(run["id"], tree={run["id"]}).watch(page)
             page.goto(f"{site.base}{run['url']}")
             page.wait_for_selector('#live[data-status="live"]')
             seen.append(watcher)

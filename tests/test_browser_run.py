@@ -9,6 +9,7 @@ import time
 import pytest
 
 from harness.processes import EmbeddedSite, wait_until
+from harness.watching import Watcher
 from tests.accessibility import serious_violations
 from tests.conftest import CHROMIUM
 from tests.test_browser import logged_in
@@ -531,39 +532,10 @@ def test_a_message_from_the_runs_page_steers_the_agent_with_a_receipt(page, embe
     page.errors[:] = [e for e in page.errors if "409 (Conflict)" not in e]  # the refusal's
 
 
-class PanelTraffic:
+def panel_traffic(page, run_id: str) -> Watcher:
     """What a run's page asks the server for its panel, and the pushes of the run's tree
-    its list socket received."""
-
-    def __init__(self, page, run_id: str):
-        self.run_id = run_id
-        self.requests: list[str] = []
-        self.pushes = 0
-        self.tree = {run_id}
-        page.on("request", self.requested)
-        page.on("websocket", self.socket)
-
-    def requested(self, request):
-        if "/panel/" in request.url:
-            self.requests.append(request.url)
-
-    def socket(self, socket):
-        if socket.url.endswith("/ws/runs/"):
-            socket.on("framereceived", self.frame)
-
-    def frame(self, payload):
-        import json
-
-        message = json.loads(payload)
-        if message.get("type") == "run.changed":
-            run = message["run"]
-            if run["id"] in self.tree or run.get("parent_id") in self.tree:
-                self.tree.add(run["id"])
-                self.pushes += 1
-
-    @property
-    def whole(self) -> list[str]:
-        return [url for url in self.requests if "?" not in url]
+    its list socket received (``harness.watching``, as ``bench watch`` counts them)."""
+    return Watcher(run_id, tree={run_id}).watch(page)
 
 
 def panel_facts(page) -> dict:
@@ -602,7 +574,7 @@ def test_a_busy_runs_page_follows_its_steps_part_by_part(page, browser, embedded
     status, run = embedded_site.call("POST", "/api/runs/", {
         "agent": "demo.steps", "input": {"steps": 40, "step_seconds": 0.05}})
     assert status == 201
-    traffic = PanelTraffic(page, run["id"])
+    traffic = panel_traffic(page, run["id"])
     page.goto(f"{embedded_site.base}{run['url']}")
     wait_until(lambda: embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]["state"]
                == "ended", 30, "the run to end")
@@ -612,8 +584,8 @@ def test_a_busy_runs_page_follows_its_steps_part_by_part(page, browser, embedded
     assert traffic.pushes > 20  # those after the page connected
     # One whole panel per connection (its snapshot), then parts: at most one per push.
     assert len(traffic.whole) <= 1, traffic.whole
-    assert len(traffic.requests) <= traffic.pushes + 1, (len(traffic.requests), traffic.pushes)
-    assert all("after=" in url for url in traffic.requests if "?" in url), traffic.requests
+    assert len(traffic.urls) <= traffic.pushes + 1, (len(traffic.urls), traffic.pushes)
+    assert all("after=" in url for url in traffic.urls if "?" in url), traffic.urls
 
 
 def test_a_parents_page_follows_its_children_row_by_row(page, browser, embedded_site):
@@ -622,16 +594,16 @@ def test_a_parents_page_follows_its_children_row_by_row(page, browser, embedded_
             "children": 3, "child_agent": "demo.steps",
             "child_input": {"steps": 10, "step_seconds": 0.05}}})
     assert status == 201
-    traffic = PanelTraffic(page, run["id"])
+    traffic = panel_traffic(page, run["id"])
     page.goto(f"{embedded_site.base}{run['url']}")
     wait_until(lambda: embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]["state"]
                == "ended", 30, "the parent to end")
     expected = settled_like_a_fresh_load(page, browser, embedded_site, run["id"])
     assert [state for _, state in expected["children"]] == ["ended"] * 3
     assert len(traffic.whole) <= 1, traffic.whole
-    assert len(traffic.requests) <= traffic.pushes + 1, (len(traffic.requests), traffic.pushes)
+    assert len(traffic.urls) <= traffic.pushes + 1, (len(traffic.urls), traffic.pushes)
     # A child's change asks for its row, not for the run's parts.
-    assert any("rows=" in url and "parts=" not in url for url in traffic.requests)
+    assert any("rows=" in url and "parts=" not in url for url in traffic.urls)
 
 
 @pytest.mark.parametrize("size", [PHONE, {"width": 1280, "height": 800}],
