@@ -156,6 +156,14 @@ class Run(models.Model):
     )
 
     version = models.PositiveIntegerField(default=0, help_text="Equals the run's event count.")
+    # The activity log's numbering and caps (runs.domain.activity), on the run's row: its
+    # writers hold the run's row lock and read them with it, so no write counts the log.
+    activity_last = models.PositiveIntegerField(
+        default=0, help_text="The number of the run's last activity entry.")
+    activity_agent = models.PositiveIntegerField(
+        default=0, help_text="Activity entries of the agent kept, and one more once cut.")
+    activity_apart = models.PositiveIntegerField(
+        default=0, help_text="Error and control entries kept in the activity log.")
     start_after = models.DateTimeField(null=True, blank=True)
     dispatched_at = models.DateTimeField(
         null=True, blank=True, help_text="When a worker was last asked to take the queued run."

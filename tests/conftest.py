@@ -183,7 +183,7 @@ LEASE_SECONDS = 1.5
 
 
 @pytest.fixture(scope="session")
-def worker(django_db_setup, django_db_blocker):
+def shared_worker(django_db_setup, django_db_blocker):
     """A worker process shared by the execution tests (PostgreSQL and Redis only)."""
     if not HAS_SERVICES:
         pytest.skip("needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL)")
@@ -191,6 +191,24 @@ def worker(django_db_setup, django_db_blocker):
         process = Worker("shared", lease_seconds=LEASE_SECONDS).wait_ready()
     with process:
         yield process
+
+
+@pytest.fixture
+def worker(shared_worker, transactional_db):
+    """The shared worker, for one test. Once the test is over, the runs it left unended are
+    cancelled and the worker has let go of them before the test's tables are emptied: a
+    TRUNCATE while the worker still writes one of them can deadlock with it."""
+    from harness.processes import wait_until
+    from runs import domain
+    yield shared_worker
+    for run_id in Run.objects.exclude(state="ended").values_list("pk", flat=True):
+        domain.run_cancel(run_id=run_id, actor="tests", source="api")
+    try:
+        wait_until(lambda: not Run.objects.exclude(state="ended").exists()
+                   and not Attempt.objects.filter(state="live").exists(),
+                   timeout=15, what="the shared worker to let go of the test's runs")
+    except TimeoutError:  # a run of a worker the test killed, say: the TRUNCATE may wait
+        pass
 
 
 @pytest.fixture

@@ -197,7 +197,8 @@ def test_the_api_docs_answer_a_visitor_with_a_login_link():
 @pytest.mark.django_db(transaction=True)
 def test_writers_at_once_each_get_their_own_numbers(gang, pushes):
     # The worker writes a run's entries while the web process notes a pause request: the
-    # loser of a number numbers again, and no entry is lost or numbered twice.
+    # run's row lock numbers them one writer at a time, and no entry is lost or numbered
+    # twice.
     run = queued_run()
 
     def writer(n):
@@ -250,3 +251,105 @@ def test_the_activity_api_gives_scripts_what_the_page_shows(viewer_client, pushe
         "data": {"traceback": 'File "/srv/secret_module.py"'}}])
     (error,) = viewer_client.get(f"/api/runs/{run.id}/activity/?after=3").json()["results"]
     assert error["text"] == "RuntimeError: boom" and "traceback" not in error["data"]
+
+
+ENTRIES = [{"kind": "progress", "text": "1 of 2"}, {"kind": "model", "text": "m", "ms": 3}]
+
+
+def _log_of(run):
+    return list(Activity.objects.filter(run=run).order_by("seq")
+                .values_list("seq", "kind", "generation"))
+
+
+@pytest.mark.postgres
+def test_a_step_writes_the_entries_before_it_in_its_own_statement(pushes):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    run, generation = running_run()
+    activity.activity_record(run_id=run.id, generation=generation, entries=[{"kind": "log"}])
+    with CaptureQueriesContext(connection) as queries:
+        domain.attempt_step(run_id=run.id, generation=generation, activity=ENTRIES)
+    # The run's lock, then one statement: the step's run, event and the two entries (the
+    # test's own transaction makes the step's a savepoint).
+    sent = [q["sql"] for q in queries if "SAVEPOINT" not in q["sql"]]
+    assert len(sent) == 2, [text[:80] for text in sent]
+    assert 'INSERT INTO "runs_activity"' in sent[1]
+    assert _log_of(run) == [(1, "log", generation), (2, "progress", generation),
+                            (3, "model", generation)]
+    counted = Run.objects.get(pk=run.id)
+    assert (counted.activity_last, counted.activity_agent, counted.activity_apart) == (3, 3, 0)
+
+
+def test_the_end_writes_the_call_it_stopped_and_a_refused_end_writes_it_too(pushes):
+    run, generation = running_run()
+    assert domain.attempt_finish(run_id=run.id, generation=generation + 1,
+                                 ending=domain.Ending.completed(), activity=ENTRIES) is False
+    assert Run.objects.get(pk=run.id).state == "running"
+    assert _log_of(run) == [(1, "progress", generation + 1), (2, "model", generation + 1)]
+    assert domain.attempt_finish(run_id=run.id, generation=generation,
+                                 ending=domain.Ending.cancelled(), activity=ENTRIES[1:])
+    assert _log_of(run)[2:] == [(3, "model", generation)]
+    ended = Run.objects.get(pk=run.id)
+    assert (ended.state, ended.activity_last) == ("ended", 3)
+
+
+def test_a_fenced_step_or_pause_still_writes_what_its_attempt_did(pushes):
+    from runs.domain.errors import Fenced
+    run, generation = running_run()
+    with pytest.raises(Fenced):
+        domain.attempt_step(run_id=run.id, generation=generation + 1, activity=ENTRIES[:1])
+    with pytest.raises(Fenced):
+        domain.attempt_pause(run_id=run.id, generation=generation + 1, activity=ENTRIES[1:])
+    assert _log_of(run) == [(1, "progress", generation + 1), (2, "model", generation + 1)]
+    assert Run.objects.get(pk=run.id).steps == 0
+
+
+def test_the_counters_of_a_log_written_before_them_are_counted_from_it(pushes):
+    import importlib
+
+    from django.apps import apps
+    counters = importlib.import_module("runs.migrations.0030_run_activity_counters")
+    run = queued_run()
+    Activity.objects.bulk_create(
+        [Activity(run=run, seq=n, generation=1, kind=kind, at=run.created_at)
+         for n, kind in enumerate(["log", "error", "step", "control", "truncated"], 1)])
+    counters.count_activity(apps, None)
+    counted = Run.objects.get(pk=run.id)
+    assert (counted.activity_last, counted.activity_agent, counted.activity_apart) == (5, 3, 2)
+    activity.activity_record(run_id=run.id, generation=1, entries=[{"kind": "error"}])
+    assert _log_of(run)[-1] == (6, "error", 1)
+
+
+class Database:
+    """What the writer is given as the worker loop's database call: here it writes at
+    once, on the loop, and keeps what it was asked."""
+
+    def __init__(self):
+        self.calls = []
+
+    async def __call__(self, fn, **kwargs):
+        self.calls.append(kwargs["entries"])
+
+
+def test_the_writer_gives_a_transition_what_waits_and_writes_what_waits_too_long():
+    from runs.runtime import activity_writer
+
+    async def scenario():
+        db = Database()
+        writer = activity_writer.ActivityWriter(run_id="r", generation=1, db=db)
+        writer.add({"kind": "log", "text": "a"})
+        writer.add({"kind": "log", "text": "b"})
+        taken = await writer.taken()  # a step commits at once: the entries go with it
+        assert [e["text"] for e in taken] == ["a", "b"] and db.calls == []
+        writer.add({"kind": "log", "text": "c"})  # no transition comes
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while not db.calls and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        assert [[e["text"] for e in call] for call in db.calls] == [["c"]]
+        assert await writer.taken() == []
+        writer.add({"kind": "log", "text": "d"})
+        await writer.flushed()  # the attempt is over: what is left is written now
+        assert [e["text"] for e in db.calls[-1]] == ["d"]
+
+    asyncio.run(scenario())

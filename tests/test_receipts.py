@@ -38,6 +38,7 @@ def test_a_receipt_counts_from_the_request_or_the_attempts_own_stop_whichever_is
     assert receipt(Trace(), asked)["provider_closed_at"] is None
 
 
+@pytest.mark.postgres  # an executor's threads: SQLite's shared cache locks their tables
 @pytest.mark.django_db(transaction=True)
 def test_a_tool_started_after_a_committed_cancel_never_runs_and_is_on_the_receipt():
     """The cancel is committed and its live signal never comes (no worker took it): the

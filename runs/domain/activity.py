@@ -1,11 +1,15 @@
 """A run's activity log: steps, model calls, tool calls and the agent's own lines.
 
-It is a record of what happened, not state: no transition reads it. The worker writes a
-few entries at a time as the attempt goes (``runs.runtime``), an operator's live request
-(a pause) is written when the attempt takes it, and each entry is pushed to the run's
-sockets after commit. A run keeps at most ``CAP`` of the agent's entries (steps, calls, lines,
-progress): the next one is a ``truncated`` note, and later ones are dropped, so a chatty
-agent cannot fill the table. The entries that are not the agent's to spend, the error that
+It is a record of what happened, not state: no transition reads it. The worker writes the
+entries of an attempt with the transition they precede (a step, a pause, the end: ``staged``
+rows in that transition's statement), or a few at a time on their own when the attempt goes
+a while without one (``runs.runtime.activity_writer``); a live command the attempt took is
+noted when it is taken; and each entry is pushed to the run's sockets after commit. The
+run's row holds the log's last number and counts (``COUNTERS``), so no write counts the log.
+
+A run keeps at most ``CAP`` of the agent's entries (steps, calls, lines, progress): the
+next one is a ``truncated`` note, and later ones are dropped, so a chatty agent cannot fill
+the table. The entries that are not the agent's to spend, the error that
 failed an attempt and the live requests the attempts took (one per operator pause), are
 counted apart, up to ``APART_CAP``: a run at its cap still shows why it failed, and pauses
 never use up the agent's room.
@@ -14,11 +18,12 @@ never use up the agent's room.
 import json
 from functools import partial
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Count, Max, Q
+from django.db.models import Max
 from django.utils import timezone
 
-from runs.domain import outside
+from runs.domain import outside, sql
 from runs.domain.representation import activity_data
 from runs.domain.text import clipped
 from runs.models import Activity, ActivityKind, Run
@@ -48,63 +53,69 @@ def _clean(entry: dict) -> dict:
 
 
 def activity_record(*, run_id, generation: int, entries: list[dict]) -> list[Activity]:
-    """Append ``entries`` (dicts of kind, text, ms, tokens, data, at) to the run's log and
-    push them after commit. Returns the rows written (fewer once the run is at its cap)."""
+    """Append ``entries`` (dicts of kind, text, ms, tokens, data, at) to the run's log in a
+    transaction of their own, and push them after commit. Returns the rows written (fewer
+    once the run is at its cap). Entries written just before a transition go in the
+    transition's own statement instead (its ``activity``)."""
     if not entries:
         return []
+    with transaction.atomic():
+        try:
+            run = sql.lock(Run, Run._meta.pk.to_python(run_id))
+        except ValidationError:  # not a UUID
+            run = None
+        if run is None:
+            return []
+        return append(run, generation, entries)
+
+
+def append(run: Run, generation: int, entries: list[dict]) -> list[Activity]:
+    """Write ``entries`` of attempt ``generation`` to the log of ``run``, which the caller's
+    transaction has locked, in one statement; push them after commit."""
+    rows = staged(run, generation, entries)
+    if rows:
+        sql.write(sql.Update(run, COUNTERS), sql.Insert(tuple(rows)))
+        published(run.pk, rows)
+    return rows
+
+
+COUNTERS = ("activity_last", "activity_agent", "activity_apart")  # the run's fields
+
+
+def staged(run: Run, generation: int, entries: list[dict]) -> list[Activity]:
+    """The rows to insert for what the caps leave of ``entries`` (the agent's up to
+    ``CAP``, then one ``truncated`` note; errors and controls up to ``APART_CAP``, whatever
+    the agent wrote), numbered after the run's last. ``run`` is locked by the caller's
+    transaction (the row lock numbers a run's entries one writer at a time: the worker, and
+    a web process noting a live command): its ``COUNTERS`` are moved on to match, and the
+    caller writes them with the rows, in the same statement."""
     for kind in {entry["kind"] for entry in entries}:
         if kind not in ActivityKind.values:
             raise ValueError(f"unknown activity kind {kind!r}")
-    cleaned = [_clean(entry) for entry in entries]
-    with transaction.atomic():
-        # The run's row lock numbers its entries one writer at a time (the worker, and the
-        # web process noting a pause): each reads the last number after the other's commit.
-        # Held for one small insert; a transition holds it as briefly.
-        if not Run.objects.select_for_update().filter(pk=run_id).values_list("pk").exists():
-            return []
-        rows = _append(run_id, generation, cleaned)
-        if rows:
-            transaction.on_commit(partial(
-                outside.changes.publish_activity, run_id=run_id,
-                entries=[activity_data(row) for row in rows]), robust=True)
-        return rows
-
-
-def _append(run_id, generation: int, entries: list[dict]) -> list[Activity]:
-    """Number and insert what the caps leave of ``entries``: the agent's up to ``CAP``, then
-    one ``truncated`` note; errors and controls up to ``APART_CAP``, whatever the agent
-    wrote."""
-    of_run = Activity.objects.filter(run_id=run_id)
-    last = of_run.aggregate(last=Max("seq"))["last"] or 0  # the index on (run, seq)
-    if last + len(entries) <= min(CAP, APART_CAP):
-        # No cap can be reached: each count is at most the last number. The common case,
-        # which reads one index entry instead of counting the run's whole log.
-        agent = apart = 0
-        truncated = False
-    else:
-        counts = of_run.aggregate(
-            agent=Count("pk", filter=Q(kind__in=AGENT_KINDS)),
-            apart=Count("pk", filter=Q(kind__in=APART_KINDS)),
-            truncated=Count("pk", filter=Q(kind=ActivityKind.TRUNCATED)))
-        agent, apart, truncated = counts["agent"], counts["apart"], bool(counts["truncated"])
     rows = []
-    for entry in entries:
+    for entry in map(_clean, entries):
         if entry["kind"] in APART_KINDS:
-            if apart >= APART_CAP:
+            if run.activity_apart >= APART_CAP:
                 continue
-            apart += 1
-        elif agent < CAP:
-            agent += 1
-        elif not truncated:
-            truncated = True
-            entry = {"kind": ActivityKind.TRUNCATED, "ms": None, "tokens": None,
-                     "text": f"The activity log keeps {CAP} of the agent's entries; later "
-                             "ones are dropped.", "data": None, "at": entry["at"]}
-        else:
+            run.activity_apart += 1
+        elif run.activity_agent > CAP:  # cut already
             continue
-        rows.append(Activity(run_id=run_id, seq=last + len(rows) + 1, generation=generation,
-                             **entry))
-    return Activity.objects.bulk_create(rows)
+        else:
+            run.activity_agent += 1
+            if run.activity_agent > CAP:
+                entry = {"kind": ActivityKind.TRUNCATED, "ms": None, "tokens": None,
+                         "text": f"The activity log keeps {CAP} of the agent's entries; "
+                                 "later ones are dropped.", "data": None, "at": entry["at"]}
+        run.activity_last += 1
+        rows.append(sql.new(Activity, run_id=run.pk, seq=run.activity_last,
+                            generation=generation, **entry))
+    return rows
+
+
+def published(run_id, rows: list[Activity]) -> None:
+    """Push ``rows`` to the run's sockets once the transaction that writes them commits."""
+    transaction.on_commit(partial(outside.changes.publish_activity, run_id=run_id,
+                                  entries=[activity_data(row) for row in rows]), robust=True)
 
 
 TAKEN = {"pause": "pause requested", "cancel": "cancel delivered",

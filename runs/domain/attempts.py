@@ -14,7 +14,8 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from runs.domain import activity, limits, outside, overview, prices, sql
+from runs.domain import activity as activity_log
+from runs.domain import limits, outside, overview, prices, sql
 from runs.domain.approvals import action_of
 from runs.domain.bulk import bulk_jobs_resend
 from runs.domain.core import (
@@ -92,16 +93,25 @@ def attempts_start(*, run_ids, owner: str, lease_seconds: float) -> list[Attempt
     return attempts
 
 
-def _locked_current(run_id, generation: int):
+def _locked_current(run_id, generation: int, activity: list[dict] = ()) -> Run | None:
+    """The run, locked, if attempt ``generation`` is its live one. Else None, with the
+    attempt's ``activity`` written all the same (a record of what it did): the caller
+    commits that, and then raises ``fenced``."""
     run = locked_run(run_id)
-    if run.state != RunState.RUNNING or run.generation != generation:
-        raise Fenced(f"Attempt {generation} of run {run_id} is not the live attempt.")
-    return run
+    if run.state == RunState.RUNNING and run.generation == generation:
+        return run
+    if activity:
+        activity_log.append(run, generation, activity)
+    return None
+
+
+def _fenced(run_id, generation: int) -> Fenced:
+    return Fenced(f"Attempt {generation} of run {run_id} is not the live attempt.")
 
 
 def attempt_step(*, run_id, generation: int, tokens: int = 0, agent_state=None,
                  data: dict | None = None, actor: str | None = None,
-                 source: str = "worker"):
+                 source: str = "worker", activity: list[dict] = ()):
     """Commit one step: the checkpoint a later attempt continues from.
 
     Its model calls (``data["replies"]``, each with its model and usage) are priced
@@ -110,40 +120,51 @@ def attempt_step(*, run_id, generation: int, tokens: int = 0, agent_state=None,
     writes a warning to the run's activity the first time. With ``max_repeats`` set, the
     step's tool calls (``data["tools"]``, by ``digest``) are added to the run's counts.
     ``actor`` and ``source``: who caused the step, when a live delivery (a message or a
-    wake) led to it."""
+    wake) led to it. ``activity``: the attempt's entries since its last transition, written
+    in the step's statement (and all the same if the attempt is fenced)."""
     data = dict(data or {})
+    activity = list(activity)
     with transaction.atomic():
-        run = _locked_current(run_id, generation)
-        run.steps += 1
-        run.tokens += max(0, int(tokens))
-        run.agent_state = agent_state
-        fields = ["steps", "tokens", "agent_state"]
-        replies = data.get("replies") or []
-        if replies:
-            cost, unpriced = prices.replies_cost(replies)
-            data["cost_usd"] = None if unpriced else cost
-            if unpriced:
-                data["unpriced_models"] = unpriced
-                if run.cost_usd is not None:
-                    activity.activity_record(run_id=run.pk, generation=generation, entries=[{
-                        "kind": ActivityKind.WARNING,
-                        "text": f"Cost unknown: no price for model {', '.join(unpriced)} "
-                                "(set AWAKEN_MODEL_PRICES).",
-                        "data": {"unpriced_models": unpriced}}])
-                run.cost_usd = None
-            elif run.cost_usd is not None:
-                run.cost_usd += cost
-            fields.append("cost_usd")
-        digests = [call["digest"] for call in data.get("tools") or () if call.get("digest")]
-        if digests and run.max_repeats is not None:
-            repeats = dict(run.repeats or {})
-            for digest in digests:
-                repeats[digest] = repeats.get(digest, 0) + 1
-            run.repeats = repeats
-            fields.append("repeats")
-        record(run, EventKind.STEP, fields=tuple(fields),
-               actor=actor, source=source, data={"step": run.steps, "tokens": tokens, **data})
+        run = _locked_current(run_id, generation, activity)
+        if run is not None:
+            _step(run, tokens=tokens, agent_state=agent_state, data=data, actor=actor,
+                  source=source, activity=activity)
+    if run is None:
+        raise _fenced(run_id, generation)
     return run
+
+
+def _step(run: Run, *, tokens: int, agent_state, data: dict, actor, source,
+          activity: list[dict]) -> None:
+    run.steps += 1
+    run.tokens += max(0, int(tokens))
+    run.agent_state = agent_state
+    fields = ["steps", "tokens", "agent_state"]
+    replies = data.get("replies") or []
+    if replies:
+        cost, unpriced = prices.replies_cost(replies)
+        data["cost_usd"] = None if unpriced else cost
+        if unpriced:
+            data["unpriced_models"] = unpriced
+            if run.cost_usd is not None:
+                activity.append({
+                    "kind": ActivityKind.WARNING,
+                    "text": f"Cost unknown: no price for model {', '.join(unpriced)} "
+                            "(set AWAKEN_MODEL_PRICES).",
+                    "data": {"unpriced_models": unpriced}})
+            run.cost_usd = None
+        elif run.cost_usd is not None:
+            run.cost_usd += cost
+        fields.append("cost_usd")
+    digests = [call["digest"] for call in data.get("tools") or () if call.get("digest")]
+    if digests and run.max_repeats is not None:
+        repeats = dict(run.repeats or {})
+        for digest in digests:
+            repeats[digest] = repeats.get(digest, 0) + 1
+        run.repeats = repeats
+        fields.append("repeats")
+    record(run, EventKind.STEP, fields=tuple(fields), actor=actor, source=source,
+           data={"step": run.steps, "tokens": tokens, **data}, activity=activity)
 
 
 def usage_of(run: Run) -> dict:
@@ -157,8 +178,8 @@ def budget_of(run: Run) -> dict:
 
 
 def attempt_budget_reached(*, run_id, generation: int, code: str, reason: str,
-                           digest: str | None = None,
-                           trace: Trace | None = None) -> ResumeTicket | bool:
+                           digest: str | None = None, trace: Trace | None = None,
+                           activity: list[dict] = ()) -> ResumeTicket | bool:
     """A budget of the run is reached (``code``: a stop code, ``reason``: what to read).
 
     As the run asked (``on_exhausted``): it ends ``stopped`` with ``code``
@@ -170,12 +191,12 @@ def attempt_budget_reached(*, run_id, generation: int, code: str, reason: str,
     """
     loop = code == StopCode.MAX_REPEATS
     with transaction.atomic():
-        run = locked_run(run_id)
-        if run.state != RunState.RUNNING or run.generation != generation:
+        run = _locked_current(run_id, generation, activity)
+        if run is None:
             return False
         if not loop and run.on_exhausted != OnExhausted.PAUSE:
             return attempt_stop_by_policy(run_id=run_id, generation=generation, code=code,
-                                          reason=reason, trace=trace)
+                                          reason=reason, trace=trace, activity=activity)
         limit = next(key for key, stop in limits.STOP_CODES.items() if stop == code)
         prompt = {"limit": limit, "stop_code": code, "message": reason,
                   "budget": budget_of(run), "usage": usage_of(run)}
@@ -188,7 +209,7 @@ def attempt_budget_reached(*, run_id, generation: int, code: str, reason: str,
         return attempt_pause(run_id=run_id, generation=generation,
                              reason=TicketReason.LOOP if loop else TicketReason.BUDGET,
                              prompt=prompt, schema=None if loop else RAISE_SCHEMA,
-                             source=Source.POLICY, actor="policy")
+                             source=Source.POLICY, actor="policy", activity=activity)
 
 
 # What a resume of a ``budget`` ticket gives: the budgets to raise.
@@ -196,31 +217,32 @@ RAISE_SCHEMA = {"type": "object", "required": ["budget"], "additionalProperties"
                 "properties": {"budget": {"type": "object"}}}
 
 
-def attempt_provider_failed(*, run_id, generation: int, error: str,
-                            status: int | None) -> ResumeTicket | bool:
+def attempt_provider_failed(*, run_id, generation: int, error: str, status: int | None,
+                            activity: list[dict] = ()) -> ResumeTicket | bool:
     """The provider kept failing past the client's retries. With
     ``AWAKEN_ON_PROVIDER_ERROR=pause`` the run moves to ``awaiting`` with a ticket of reason
     ``provider`` (the state of its last committed step kept), to be resumed once the
     provider is back; otherwise it fails with ``error``."""
     if settings.AWAKEN_ON_PROVIDER_ERROR != "pause":
         return attempt_finish(run_id=run_id, generation=generation,
-                              ending=Ending.failed(error))
+                              ending=Ending.failed(error), activity=activity)
     return attempt_pause(run_id=run_id, generation=generation, reason=TicketReason.PROVIDER,
                          prompt={"message": f"{error} Resume once the provider is back.",
                                  "error": error, "status": status},
-                         source=Source.POLICY, actor="policy")
+                         source=Source.POLICY, actor="policy", activity=activity)
 
 
 def attempt_pause(*, run_id, generation: int, reason: str = TicketReason.MANUAL_PAUSE,
                   prompt=None, schema=None, agent_state=None, actor: str | None = None,
                   source: str | None = "worker", action: dict | None = None,
-                  ) -> ResumeTicket | None:
+                  activity: list[dict] = ()) -> ResumeTicket | None:
     """Move the run to ``awaiting`` with a new open ticket; the attempt closes.
 
     ``schema`` (a JSON Schema) is what the resume input must satisfy; an invalid one is
     refused (InvalidRequest) and nothing changes. ``action`` (``tool``, ``arguments``,
     ``rationale``) binds an approval ticket to that one tool call (``runs.domain.approvals``).
     A pending cancel or stop wins over the pause: the run ends instead and None is returned.
+    ``activity``: the attempt's entries since its last transition, written with it.
     """
     check_schema(schema)
     if action is not None:
@@ -229,40 +251,57 @@ def attempt_pause(*, run_id, generation: int, reason: str = TicketReason.MANUAL_
         action = action_of(tool=action.get("tool"), arguments=action.get("arguments"),
                            rationale=action.get("rationale"))
     with transaction.atomic():
-        run = _locked_current(run_id, generation)
-        intent = pending_intent(run)
-        if intent is not None:
-            finish(run, Ending.from_intent(intent), generation=generation,
-                   actor=intent.requested_by, source=intent.source)
-            return None
-        released = release_claim(run, CloseReason.PAUSED, now=timezone.now())
-        ticket = ResumeTicket.objects.create(
-            run=run, generation=generation, reason=reason, prompt=prompt, schema=schema,
-            action=action)
-        run.state = RunState.AWAITING
-        run.ticket = ticket
-        run.agent_state = agent_state if agent_state is not None else run.agent_state
-        record(run, EventKind.PAUSED, fields=("state", "ticket", "agent_state", *released),
-               actor=actor, source=source, data={
-                   "ticket": str(ticket.pk), "reason": reason,
-                   **({"tool": action["tool"], "digest": action["digest"]} if action else {})})
+        run = _locked_current(run_id, generation, activity)
+        if run is None:
+            paused = None
+        else:
+            paused = _pause(run, reason=reason, prompt=prompt, schema=schema,
+                            agent_state=agent_state, actor=actor, source=source,
+                            action=action, activity=activity)
+    if run is None:
+        raise _fenced(run_id, generation)
+    return paused
+
+
+def _pause(run: Run, *, reason, prompt, schema, agent_state, actor, source, action,
+           activity) -> ResumeTicket | None:
+    generation = run.generation
+    intent = pending_intent(run)
+    if intent is not None:
+        finish(run, Ending.from_intent(intent), generation=generation,
+               actor=intent.requested_by, source=intent.source, activity=activity)
+        return None
+    released = release_claim(run, CloseReason.PAUSED, now=timezone.now())
+    ticket = ResumeTicket.objects.create(
+        run=run, generation=generation, reason=reason, prompt=prompt, schema=schema,
+        action=action)
+    run.state = RunState.AWAITING
+    run.ticket = ticket
+    run.agent_state = agent_state if agent_state is not None else run.agent_state
+    record(run, EventKind.PAUSED, fields=("state", "ticket", "agent_state", *released),
+           actor=actor, source=source, data={
+               "ticket": str(ticket.pk), "reason": reason,
+               **({"tool": action["tool"], "digest": action["digest"]} if action else {})},
+           activity=activity)
     return ticket
 
 
 def attempt_finish(*, run_id, generation: int, ending: Ending, actor: str | None = None,
-                   source: str | None = "worker", trace: Trace | None = None) -> bool:
+                   source: str | None = "worker", trace: Trace | None = None,
+                   activity: list[dict] = ()) -> bool:
     """Finish the run from its live attempt. False: the result is late and is dropped.
     ``trace`` (``runs.domain.receipts``): the attempt's, for the receipt of a request that
-    is pending; the same for the transitions below."""
+    is pending; ``activity``: its entries since its last transition, written in the
+    boundary's statement; the same for the transitions below."""
     with transaction.atomic():
         run = locked_run(run_id)
         return finish(run, ending, generation=generation, actor=actor, source=source,
-                      trace=trace)
+                      trace=trace, activity=activity)
 
 
 def attempt_interrupted(*, run_id, generation: int, actor: str | None = None,
                         source: str | None = None, accepted_at=None,
-                        trace: Trace | None = None) -> bool:
+                        trace: Trace | None = None, activity: list[dict] = ()) -> bool:
     """End the run after its attempt's token was cancelled (at ``accepted_at``).
 
     The pending intent says how (cancelled, or stopped with its reason and code) and records
@@ -279,7 +318,7 @@ def attempt_interrupted(*, run_id, generation: int, actor: str | None = None,
         else:
             ending = Ending.cancelled()
         return finish(run, ending, generation=generation, actor=actor, source=source,
-                      trace=trace)
+                      trace=trace, activity=activity)
 
 
 PARENT_GONE = {"command": "was asked to end", "fenced": "lost its attempt",
@@ -288,38 +327,40 @@ PARENT_GONE = {"command": "was asked to end", "fenced": "lost its attempt",
 
 def attempt_parent_gone(*, run_id, generation: int, parent_id, why: str,
                         actor: str | None = None, source: str | None = None,
-                        trace: Trace | None = None) -> bool:
+                        trace: Trace | None = None, activity: list[dict] = ()) -> bool:
     """End a child run whose attempt's token was cancelled with its parent's (``why``: how
     the parent's token was cancelled). Nothing ends without a record of why: a pending
     request is applied; otherwise a cancel intent naming the parent is recorded first."""
     with transaction.atomic():
-        run = locked_run(run_id)
-        if run.state != RunState.RUNNING or run.generation != generation:
+        run = _locked_current(run_id, generation, activity)
+        if run is None:
             return False
         intent = pending_intent(run) or record_intent(
             run, action=ControlAction.CANCEL, stop_code=None,
             reason=f"Parent run {short_id(parent_id)} {PARENT_GONE.get(why, 'ended')}.",
             actor=actor or "worker", source=source or Source.WORKER, caused_by_id=parent_id)
         return finish(run, Ending.from_intent(intent), generation=generation,
-                      actor=intent.requested_by, source=intent.source, trace=trace)
+                      actor=intent.requested_by, source=intent.source, trace=trace,
+                      activity=activity)
 
 
 def attempt_stop_by_policy(*, run_id, generation: int, code: str, reason: str,
-                           trace: Trace | None = None) -> bool:
+                           trace: Trace | None = None, activity: list[dict] = ()) -> bool:
     """A budget or other host policy ends the run ``stopped`` with ``code``.
 
     The policy's request is recorded like an operator's (source ``policy``); a cancel or
     stop already pending is applied instead, since it was asked for first.
     """
     with transaction.atomic():
-        run = locked_run(run_id)
-        if run.state != RunState.RUNNING or run.generation != generation:
+        run = _locked_current(run_id, generation, activity)
+        if run is None:
             return False
         intent = pending_intent(run) or record_intent(
             run, action=ControlAction.STOP, reason=reason, stop_code=code, actor="policy",
             source=Source.POLICY)
         return finish(run, Ending.from_intent(intent), generation=generation,
-                      actor=intent.requested_by, source=intent.source, trace=trace)
+                      actor=intent.requested_by, source=intent.source, trace=trace,
+                      activity=activity)
 
 
 # A worker renews its attempts this many per statement. Each statement holds its attempts'

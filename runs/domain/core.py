@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
 
+from runs.domain import activity as activity_log
 from runs.domain import outside, sql, webhooks
 from runs.domain.errors import RunNotFound
 from runs.domain.limits import encoded_size
@@ -93,9 +94,13 @@ def record(
     actor: str | None = None,
     source: str | None = None,
     data: dict | None = None,
+    activity: list[dict] = (),
 ) -> Event:
-    """Save ``fields`` of the locked ``run``, bump its version and write one event."""
-    return record_each([run], kind, fields=fields, actor=actor, source=source, data=data)[0]
+    """Save ``fields`` of the locked ``run``, bump its version and write one event, with
+    the ``activity`` entries of its live attempt that the change follows (in the same
+    statement)."""
+    return _transition([run], kind, fields=fields, actor=actor, source=source,
+                       data=lambda _: dict(data or {}), activity=activity)[0][0]
 
 
 def record_each(runs: list[Run], kind: str, *, fields: tuple[str, ...] = (),
@@ -109,12 +114,21 @@ def record_each(runs: list[Run], kind: str, *, fields: tuple[str, ...] = (),
 
 
 def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, source, data,
-                also: tuple = (), children_of: Run | None = None):
+                also: tuple = (), children_of: Run | None = None,
+                activity: list[dict] = ()):
     """Bump the version of each locked run of ``runs``, write its ``fields`` and one
     ``kind`` event for it, and the writes ``also``: one statement on PostgreSQL. With
     ``children_of``, the same statement reads the ids of that run's children that have not
-    ended. Returns ``(events, child ids)``; each run is published with its event once the
-    transaction commits."""
+    ended. ``activity``: entries of the one run's live attempt, written before the change
+    (``runs.domain.activity``). Returns ``(events, child ids)``; each run is published
+    with its event once the transaction commits."""
+    if activity:
+        (run,) = runs
+        noted = activity_log.staged(run, run.generation, activity)
+        if noted:
+            fields = (*fields, *activity_log.COUNTERS)
+            also = (*also, sql.Insert(tuple(noted)))
+            activity_log.published(run.pk, noted)
     events = []
     for run in runs:
         run.version += 1
@@ -276,6 +290,7 @@ def finish(
     via: str = AppliedVia.LIVE,
     trace: Trace | None = None,
     ran_until=None,
+    activity: list[dict] = (),
 ) -> bool:
     """The finish boundary: commit ``ending`` as the run's terminal state, or refuse.
 
@@ -294,10 +309,15 @@ def finish(
        /metrics;
     5. exactly one ``ended`` event is written;
     6. each of its children that has not ended is asked to end (``end_children``).
+
+    ``activity``: the entries attempt ``generation`` wrote since its last transition (the
+    call it was stopped in, say), written in the same statement; and written all the same
+    when the boundary refuses: they are a record of what the attempt did.
     """
-    if run.state == RunState.ENDED:
-        return False
-    if generation is not None and (run.state != RunState.RUNNING or run.generation != generation):
+    if run.state == RunState.ENDED or (generation is not None and (
+            run.state != RunState.RUNNING or run.generation != generation)):
+        if activity:
+            activity_log.append(run, generation or run.generation, activity)
         return False
 
     now = timezone.now()
@@ -343,7 +363,7 @@ def finish(
         fields += ["stop_code", "stop_reason"]
     _, children = _transition([run], EventKind.ENDED, fields=tuple(fields), actor=actor,
                               source=source, data=lambda _: data, also=tuple(also),
-                              children_of=run)
+                              children_of=run, activity=activity)
     end_children(run, actor=actor, source=source, children=children)
     return True
 

@@ -64,10 +64,12 @@ class AttemptHost:
     async def commit_step(self, ctx: Context, *, tokens: int, data: dict | None = None) -> None:
         try:
             delivered, self.delivered = self.delivered, None
+            noted = await self.activity_log.taken()  # written with the step
             run = await self.db(domain.attempt_step, run_id=ctx.run_id,
                                 generation=ctx.generation, tokens=tokens, agent_state=ctx.state,
                                 data=data, actor=delivered.actor if delivered else None,
-                                source=(delivered and delivered.source) or "worker")
+                                source=(delivered and delivered.source) or "worker",
+                                activity=noted)
         except Fenced:
             ctx.token.cancel(Why("fenced"))
             raise
@@ -86,12 +88,12 @@ class AttemptHost:
                     source: str | None = None) -> None:
         """Pause the run: asked by the agent (``wait_for_input``: the worker's doing), or
         an operator's pause taken at a step boundary, in that operator's name and source."""
-        await self.activity_log.flushed()
         ticket = await self.db(domain.attempt_pause, run_id=ctx.run_id,
                                generation=ctx.generation, reason=reason, prompt=prompt,
                                schema=schema, action=action, agent_state=ctx.state,
                                actor=self.entry.pause_actor if source else None,
-                               source=source or "worker")
+                               source=source or "worker",
+                               activity=await self.activity_log.taken())
         why = ctx.token.why
         if ticket is not None and why is not None and why.kind == "command":
             # A live-only cancel (no intent) taken while the pause committed: the run is

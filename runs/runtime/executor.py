@@ -157,27 +157,28 @@ class Executor:
             ctx.check()  # a cancel that arrived before any work started
             output = await CATALOGUE[view.agent]().run(ctx)
             ctx.check()  # a cancel applied while the agent returned wins over its result
+            noted = await host.activity_log.taken()
             await db(domain.attempt_finish, run_id=run_id, generation=generation,
-                     ending=Ending.completed(output), trace=ctx.stop_trace())
+                     ending=Ending.completed(output), trace=ctx.stop_trace(), activity=noted)
         except Interrupted as stop:
             kind = stop.why.kind if stop.why else "command"
             outcome = "interrupted" if kind in ("command", "parent") else kind
             try:
                 trace = await self._trace(ctx)
-                # What the attempt did, the call it was stopped in included, is on record
-                # before its end is, so the page drawn for the end shows it.
-                await host.activity_log.flushed()
+                # What the attempt did, the call it was stopped in included, is written
+                # with its end, so the page drawn for the end shows it.
+                noted = await host.activity_log.taken()
                 await self._interrupted(run_id, generation, stop.why, view, trace=trace,
-                                        traced=entry.trace)
+                                        traced=entry.trace, noted=noted)
             except Exception:  # the lease expires and the sweeper applies what is pending
                 log.exception("run %s: could not record the end of attempt %s", run_id,
                               generation)
         except BudgetExceeded as budget:
             outcome = "budget"
-            await host.activity_log.flushed()
+            trace = await self._trace(ctx)
             await db(domain.attempt_budget_reached, run_id=run_id, generation=generation,
                      code=budget.code, reason=budget.reason, digest=budget.digest,
-                     trace=await self._trace(ctx))
+                     trace=trace, activity=await host.activity_log.taken())
         except Paused:
             outcome = "paused"
         except Fenced:
@@ -186,19 +187,19 @@ class Executor:
             log.info("run %s attempt %s failed", run_id, generation, exc_info=True)
             summary = error_text = f"{type(error).__name__}: {error}"
             outcome = "failed"
-            if ctx is not None:  # the traceback goes to the activity log, before the end
+            if ctx is not None:  # the traceback goes to the activity log, with the end
                 ctx.record_activity("error", text=summary, data={
                     "traceback": traceback.format_exc()[-activity.TRACEBACK:]})
-                await host.activity_log.flushed()
+            noted = await host.activity_log.taken()
             provider = _provider_failure(error)
             if provider is not None:
-                await self._provider_failed(run_id, generation, summary, provider)
+                await self._provider_failed(run_id, generation, summary, provider, noted)
             else:
-                await self._fail(run_id, generation, summary)
+                await self._fail(run_id, generation, summary, noted)
         finally:
             if timer is not None:
                 timer.cancel()
-            await host.activity_log.flushed()
+            await host.activity_log.flushed()  # what no transition of the attempt carried
             self.children.forget(parent_id=run_id, parent_generation=generation)
             self.registry.unregister(run_id, generation)
             entry.trace.end(outcome, error_text)
@@ -214,10 +215,14 @@ class Executor:
         return ctx.stop_trace()
 
     async def _interrupted(self, run_id, generation, why: Why | None, view, *, trace=None,
-                           traced: telemetry.NoAttempt = telemetry.NO_ATTEMPT):
+                           traced: telemetry.NoAttempt = telemetry.NO_ATTEMPT,
+                           noted: list[dict] = ()):
         db = self.worker_loop.db
         if why is None or why.kind == "fenced":
-            return  # a fenced attempt commits nothing
+            if noted:  # a fenced attempt commits nothing but the record of what it did
+                await db(activity.activity_record, run_id=run_id, generation=generation,
+                         entries=noted)
+            return
         if why.kind in ("command", "parent") and traced is not telemetry.NO_ATTEMPT:
             # The control the attempt took, as requested (a cancel, or a stop and its
             # reason); a live cancel with no request behind it in the name of its sender.
@@ -228,29 +233,31 @@ class Executor:
                            reason=intent.reason if intent else None, at=why.at)
         if why.kind == "budget":
             await db(domain.attempt_budget_reached, run_id=run_id, generation=generation,
-                     code=why.code, reason=why.detail, trace=trace)
+                     code=why.code, reason=why.detail, trace=trace, activity=noted)
         elif why.kind == "parent":
             await db(domain.attempt_parent_gone, run_id=run_id, generation=generation,
                      parent_id=view.parent_id, why=why.detail, actor=why.actor,
-                     source=why.source, trace=trace)
+                     source=why.source, trace=trace, activity=noted)
         else:
             await db(domain.attempt_interrupted, run_id=run_id, generation=generation,
-                     actor=why.actor, source=why.source, accepted_at=why.at, trace=trace)
+                     actor=why.actor, source=why.source, accepted_at=why.at, trace=trace,
+                     activity=noted)
 
     async def _provider_failed(self, run_id, generation, error: str,
-                               failure: ProviderError):
+                               failure: ProviderError, noted: list[dict]):
         """Fail the run, or pause it if the settings say so (``attempt_provider_failed``)."""
         try:
             await self.worker_loop.db(domain.attempt_provider_failed, run_id=run_id,
                                       generation=generation, error=error,
-                                      status=failure.status)
+                                      status=failure.status, activity=noted)
         except Exception:
             log.exception("run %s: could not record its provider's failure", run_id)
 
-    async def _fail(self, run_id, generation, error: str):
+    async def _fail(self, run_id, generation, error: str, noted: list[dict]):
         try:
             await self.worker_loop.db(domain.attempt_finish, run_id=run_id,
-                                      generation=generation, ending=Ending.failed(error))
+                                      generation=generation, ending=Ending.failed(error),
+                                      activity=noted)
         except Exception:
             log.exception("run %s: could not record its failure", run_id)
 
