@@ -1,0 +1,129 @@
+"""What a run's lifecycle asks of the database, folded as docs/performance.md says: the
+create is its one statement in autocommit. With the behaviour it must keep."""
+
+import threading
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import IntegrityError, connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+
+from runs import domain
+from runs.models import Event, Run
+from tests.conftest import db_state, make_user
+
+
+def statements(queries) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries]
+
+
+def in_another_connection(fn):
+    """``fn()`` in a thread of its own, so on a database connection of its own (committed
+    there before this returns); its result."""
+    result = []
+
+    def target():
+        try:
+            result.append(fn())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive() and result, "the other connection's work did not finish"
+    return result[0]
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """The runs handed to workers (``runs_queued``), each with whether another connection
+    could see it committed at that moment (on PostgreSQL; else None)."""
+    handed = []
+
+    def runs_queued(runs):
+        ids = [run_id for run_id, _ in runs]
+        seen = (in_another_connection(lambda: Run.objects.filter(pk__in=ids).count())
+                if connection.vendor == "postgresql" else None)
+        handed.append((ids, seen))
+
+    monkeypatch.setattr("runs.workers.dispatch.runs_queued", runs_queued)
+    return handed
+
+
+# --- the create --------------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_create_is_its_one_statement_with_no_begin_or_commit_then_its_dispatch(sent):
+    with CaptureQueriesContext(connection) as queries:
+        run, created = domain.run_create(agent="demo.steps")
+    assert created
+    [statement] = statements(queries)  # no SAVEPOINT, no COMMIT: autocommit
+    assert statement.startswith("WITH ") and '"runs_event"' in statement
+    assert sent == [([run.id], 1)]  # committed by the time it is dispatched
+
+    with CaptureQueriesContext(connection) as queries:
+        made = domain.runs_create(runs=[{"agent": "demo.steps"}, {"agent": "demo.fail"}])
+    assert len(statements(queries)) == 1
+    assert sent[1] == ([r.id for r in made], 2)
+    assert Event.objects.filter(run__in=[r.id for r in made], kind="created").count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_create_writes_nothing_and_dispatches_nothing(sent):
+    ghost = User(pk=987654, username="ghost")  # no such user: the runs' key is refused
+    before = db_state()
+    with pytest.raises(IntegrityError):
+        domain.run_create(agent="demo.steps", created_by=ghost)
+    with pytest.raises(IntegrityError):
+        domain.runs_create(runs=[{"agent": "demo.steps"}, {"agent": "demo.fail"}],
+                           created_by=ghost)
+    with pytest.raises(IntegrityError):  # a key does not make a refused insert a replay
+        domain.run_create(agent="demo.steps", created_by=ghost, idempotency_key="k")
+    assert db_state() == before and sent == []
+    run, created = domain.run_create(agent="demo.steps")  # the connection is still usable
+    assert created and sent == [([run.id], 1 if connection.vendor == "postgresql" else None)]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_create_in_a_callers_transaction_replays_a_key_and_dispatches_at_its_commit(sent):
+    operator = make_user("olga", "operator")
+    with transaction.atomic():
+        first, created = domain.run_create(agent="demo.steps", created_by=operator,
+                                           idempotency_key="k")
+        again, created_again = domain.run_create(agent="demo.steps", created_by=operator,
+                                                 idempotency_key="k")
+        assert (created, created_again, again.id) == (True, False, first.id)
+        assert Run.objects.count() == 1  # the refused insert left the transaction usable
+        assert sent == []
+    assert sent == [([first.id], 1)]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_creates_with_one_key_make_one_run_and_dispatch_it_once(sent):
+    operator = make_user("olga", "operator")
+    barrier = threading.Barrier(4)
+
+    def create():
+        barrier.wait(10)
+        try:
+            return domain.run_create(agent="demo.steps", created_by=operator,
+                                     idempotency_key="same")
+        finally:
+            connections.close_all()
+
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(create())) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(results) == 4
+    assert len({run.id for run, _ in results}) == 1
+    assert sorted(created for _, created in results) == [False, False, False, True]
+    assert Run.objects.count() == 1
+    assert [ids for ids, _ in sent] == [[results[0][0].id]]
