@@ -1,5 +1,6 @@
 """What a run's lifecycle asks of the database, folded as docs/performance.md says: the
-create is its one statement in autocommit. With the behaviour it must keep."""
+create is its one statement in autocommit, and the claim reads whether its worker is
+drained in the statement that locks the runs. Each with the behaviour it must keep."""
 
 import threading
 
@@ -8,9 +9,15 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
-from runs import domain
-from runs.models import Event, Run
+from harness.processes import wait_until
+from runs import domain, tasks
+from runs.domain.errors import WorkerDraining
+from runs.models import Event, Run, RunState
+from runs.runtime.executor import Executor
 from tests.conftest import db_state, make_user
+from tests.factories import queued_run
+
+WORKERS = '"runs_workerprocess"'
 
 
 def statements(queries) -> list[str]:
@@ -127,3 +134,89 @@ def test_concurrent_creates_with_one_key_make_one_run_and_dispatch_it_once(sent)
     assert sorted(created for _, created in results) == [False, False, False, True]
     assert Run.objects.count() == 1
     assert [ids for ids, _ in sent] == [[results[0][0].id]]
+
+
+# --- the claim ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_drained_worker_claims_none_and_a_childs_claim_goes_on():
+    run, child = queued_run(), queued_run()
+    domain.worker_report(owner="folds:1", live_attempts=0, abandoned_tools=0)
+    domain.worker_drain(name="folds:1", draining=True, actor="olga")
+    before = db_state()
+    with pytest.raises(WorkerDraining):
+        domain.attempts_start(run_ids=[run.id], owner="folds:1", lease_seconds=30,
+                              unless_draining=True)
+    assert db_state() == before
+    assert domain.attempts_start(run_ids=[child.id], owner="folds:1", lease_seconds=30)
+    domain.worker_drain(name="folds:1", draining=False, actor="olga")
+    [attempt] = domain.attempts_start(run_ids=[run.id], owner="folds:1", lease_seconds=30,
+                                      unless_draining=True)
+    assert attempt.run_id == run.id and Run.objects.get(pk=run.id).state == RunState.RUNNING
+    # Nothing to lock (no such run, none left queued): nothing claimed, nothing asked.
+    assert domain.attempts_start(run_ids=["nope"], owner="folds:1", lease_seconds=30,
+                                 unless_draining=True) == []
+
+
+class Retried(Exception):
+    pass
+
+
+@pytest.fixture
+def task(monkeypatch):
+    """``tasks.execute`` on the executor given, its message's returns raised as Retried."""
+    def retry(*, args, countdown):
+        raise Retried(args)
+
+    monkeypatch.setattr(tasks.execute, "retry", retry)
+
+    def on(executor):
+        monkeypatch.setattr(tasks, "get_executor", lambda node: executor)
+        return tasks.execute
+    return on
+
+
+def test_a_full_worker_sends_no_statement_and_its_message_goes_back_whole(task):
+    class Full:
+        owner, room = "folds:1", 0
+
+        def start(self, run_ids):
+            raise AssertionError("a full worker claims nothing")
+
+    # No django_db mark: a statement would be refused, so none is sent.
+    with pytest.raises(Retried) as retried:
+        task(Full())(["a", "b"])
+    assert retried.value.args == ([["a", "b"]],)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_reads_the_drain_in_its_locking_statement_and_a_drained_one_returns(
+        task, monkeypatch):
+    monkeypatch.setattr("runs.workers.dispatch.runs_queued", lambda **kwargs: None)
+    executor = Executor(node="folds", lease_seconds=3600, db_threads=2)
+    try:
+        domain.worker_report(owner=executor.owner, live_attempts=0, abandoned_tools=0)
+        domain.worker_drain(name=executor.owner, draining=True, actor="olga")
+        run = queued_run()
+        with CaptureQueriesContext(connection) as queries, pytest.raises(Retried) as retried:
+            task(executor)([str(run.id)])
+        assert retried.value.args == ([[str(run.id)]],)
+        begin, locking, rollback = statements(queries)  # one statement, nothing written
+        assert (begin, rollback) == ("BEGIN", "ROLLBACK")
+        assert WORKERS in locking and "FOR NO KEY UPDATE" in locking
+        assert Run.objects.get(pk=run.id).state == RunState.QUEUED
+
+        domain.worker_drain(name=executor.owner, draining=False, actor="olga")
+        with CaptureQueriesContext(connection) as queries:
+            task(executor)([str(run.id)])
+        sent = statements(queries)
+        claim = sent[:sent.index("COMMIT") + 1]
+        assert claim[0] == "BEGIN" and len(claim) == 4  # the lock, then the writes
+        assert "FOR NO KEY UPDATE" in claim[1] and claim[2].startswith("WITH ")
+        assert [s for s in sent if WORKERS in s] == claim[1:2]  # no read of its own
+        wait_until(lambda: Run.objects.get(pk=run.id).state == RunState.ENDED, 20,
+                   "the claimed run to end")
+    finally:
+        executor.close()

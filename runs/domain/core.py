@@ -76,13 +76,19 @@ def locked_runs(run_ids) -> list[Run]:
 def locked_runs_at(run_ids) -> tuple[list[Run], object]:
     """``locked_runs``, and the database's clock read by the same statement (None when
     it could not be read so: no run locked, or not PostgreSQL; ask ``database_now``)."""
+    return sql.lock_many_at(Run, run_keys(run_ids))
+
+
+def run_keys(run_ids) -> list:
+    """The primary keys of ``run_ids``, once each and in order; what is not a UUID (no
+    such run) left out."""
     pks = set()
     for run_id in run_ids:
         try:
             pks.add(Run._meta.pk.to_python(run_id))
         except ValidationError:  # not a UUID: no such run
             continue
-    return sql.lock_many_at(Run, sorted(pks))
+    return sorted(pks)
 
 
 def record(

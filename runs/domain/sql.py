@@ -6,8 +6,8 @@ These are not, because ``manage.py bench sql`` shows each of them paying for its
 the path of every cancel and every lifecycle (the ORM builds and compiles a queryset for
 each call, which costs several times the CPU of the statement):
 
-* ``lock`` and ``lock_many_at``: a run's row lock (``FOR NO KEY UPDATE`` on PostgreSQL),
-  read by ``rows``; ``get`` reads one row the same way, without a lock, and
+* ``lock``, ``lock_many_at`` and ``lock_many_asking``: a run's row lock (``FOR NO KEY
+  UPDATE`` on PostgreSQL), read by ``rows``; ``get`` reads one row the same way, without a lock, and
   ``exists`` asks whether a row matches (through ``connection.cursor()``).
 * ``write``: the writes of one transition (``Update``, ``UpdateWhere``, ``Insert``, and
   the ``Keys`` it reads), as one statement on PostgreSQL (each a data-modifying ``WITH``
@@ -74,19 +74,36 @@ def lock_many_at(model, pks: list) -> tuple[list, object]:
     """The rows of ``model`` among primary keys ``pks``, locked in primary key order, and
     the database's clock (``statement_timestamp()``) read by the same statement on
     PostgreSQL (None when no row is locked, or on another database)."""
-    if not pks:
-        return [], None
-    marks = ", ".join(["%s"] * len(pks))
-    text = _select_sql(model, connection.vendor, "many", True).format(marks=marks)
-    clocked = connection.vendor == "postgresql"
-    found = rows(model, text, [_prepared(model, model._meta.pk.name, pk) for pk in pks],
-                 extra=("database_clock",) if clocked else ())
-    if not clocked or not found:
-        return found, None
-    clock = found[0].database_clock
-    for row in found:  # the clock is the statement's, not a column of the model
-        del row.database_clock
+    found, clock, _ = _lock_many(model, pks, None)
     return found, clock
+
+
+def lock_many_asking(model, pks: list, question: "Exists") -> tuple[list, object, bool | None]:
+    """``lock_many_at``, and whether a row matches ``question``, read by the same
+    statement (a column of each row: None when no row is locked)."""
+    return _lock_many(model, pks, question)
+
+
+def _lock_many(model, pks: list, question) -> tuple[list, object, bool | None]:
+    if not pks:
+        return [], None, None
+    marks = ", ".join(["%s"] * len(pks))
+    text = _select_sql(model, connection.vendor, "many", True,
+                       _question_sql(question)).format(marks=marks)
+    clocked = connection.vendor == "postgresql"
+    extra = (*(("database_clock",) if clocked else ()),
+             *(("answer",) if question is not None else ()))
+    params = [] if question is None else _question_params(question)
+    found = rows(model, text, [*params, *(_prepared(model, model._meta.pk.name, pk)
+                                          for pk in pks)], extra=extra)
+    if not found:
+        return found, None, None
+    clock = found[0].database_clock if clocked else None
+    answer = bool(found[0].answer) if question is not None else None
+    for row in found:  # the clock and the answer are the statement's, not the model's
+        for name in extra:
+            delattr(row, name)
+    return found, clock, answer
 
 
 def rows(model, text: str, params: list, extra: tuple = ()) -> list:
@@ -137,22 +154,45 @@ def exists(model, **where) -> bool:
         return cursor.fetchone() is not None
 
 
+@dataclass(frozen=True)
+class Exists:
+    """Whether a row of ``model`` has each field of ``where`` equal to its value, asked
+    within another statement: ``lock_many_asking``'s question. The ORM's
+    ``model.objects.filter(**where).exists()``."""
+    model: type
+    where: dict
+
+
+def _question_sql(question) -> tuple | None:
+    return None if question is None else (question.model, tuple(question.where))
+
+
+def _question_params(question) -> list:
+    return [_prepared(question.model, n, v) for n, v in question.where.items()]
+
+
 @cache
 def _exists_sql(model, names: tuple) -> str:
     return f"SELECT 1 FROM {quoted(model._meta.db_table)} WHERE {_condition(model, names)}"
 
 
 @cache
-def _select_sql(model, vendor: str, how: str, locked: bool) -> str:
+def _select_sql(model, vendor: str, how: str, locked: bool, question: tuple | None = None
+                ) -> str:
     """Every column of ``model``'s rows by primary key: ``one`` (``= %s``) or ``many``
-    (``IN ({marks})``, in key order, with the database's clock on PostgreSQL)."""
+    (``IN ({marks})``, in key order, with the database's clock on PostgreSQL, and
+    ``question``'s answer when asked: ``(model, field names)`` of an ``Exists``)."""
     pk = quoted(model._meta.pk.column)
     columns = ", ".join(quoted(f.column) for f in model._meta.concrete_fields)
     if how == "many" and vendor == "postgresql":
         columns += ", statement_timestamp() AS database_clock"
+    if question is not None:
+        columns += f", EXISTS ({_exists_sql(*question)}) AS answer"
     where = f"{pk} = %s" if how == "one" else f"{pk} IN ({{marks}}) ORDER BY {pk}"
-    lock_clause = " FOR NO KEY UPDATE" if locked and vendor == "postgresql" else ""
-    return f"SELECT {columns} FROM {quoted(model._meta.db_table)} WHERE {where}{lock_clause}"
+    table = quoted(model._meta.db_table)
+    # OF the table: the question's rows are read, not locked.
+    lock_clause = f" FOR NO KEY UPDATE OF {table}" if locked and vendor == "postgresql" else ""
+    return f"SELECT {columns} FROM {table} WHERE {where}{lock_clause}"
 
 
 def _prepared(model, name: str, value):
