@@ -17,8 +17,10 @@ from runs.models import (
     EventKind,
     Run,
     RunState,
+    WebhookEndpoint,
     WorkerProcess,
 )
+from tests.conftest import make_user
 from tests.factories import queued_run, running_run
 
 pytestmark = pytest.mark.django_db
@@ -146,7 +148,7 @@ def test_write_makes_every_part_and_reads_back_keys_as_the_single_statements_wou
     events = (sql.new(Event, run=run, version=run.version, kind=EventKind.STEP,
                       state=run.state, generation=generation, data={"step": run.steps}),)
     with transaction.atomic():
-        keys = sql.write(
+        [keys] = sql.write(
             sql.UpdateWhere(Attempt, {"state": AttemptState.CLOSED,
                                       "close_reason": CloseReason.PAUSED, "closed_at": now},
                             {"run": run.pk, "state": AttemptState.LIVE}),
@@ -217,6 +219,28 @@ def test_lock_many_asking_is_one_statement_that_locks_the_runs_only():
     [statement] = [q["sql"] for q in queries.captured_queries]
     assert statement.endswith(f"FOR NO KEY UPDATE OF {sql.quoted('runs_run')}")
     assert f"EXISTS (SELECT 1 FROM {sql.quoted('runs_workerprocess')} WHERE" in statement
+
+
+def test_write_reads_exists_parts_as_the_orm_does_after_its_writes():
+    run, generation = running_run()
+    run.steps, run.version = run.steps + 1, run.version + 1
+    endpoint = WebhookEndpoint.objects.create(url="https://hooks.example.com/a",
+                                              events=["run.ended"], secret="s", active=False,
+                                              created_by=make_user("olga", "operator"))
+    with transaction.atomic():
+        assert sql.write(sql.Update(run, ("steps", "version", "updated_at")),
+                         sql.Exists(WebhookEndpoint, {"active": True}),
+                         sql.Keys(Run, {"id": run.pk}, {}),
+                         sql.Exists(WebhookEndpoint, {"active": False})) == \
+            [False, [run.pk], True]
+    assert columns(run)["steps"] == run.steps
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(active=True)
+    with transaction.atomic():
+        assert sql.write(sql.Exists(WebhookEndpoint, {"active": True})) == \
+            [WebhookEndpoint.objects.filter(active=True).exists()] == [True]
+    with pytest.raises(ValueError, match="come after"):
+        sql.write(sql.Exists(WebhookEndpoint, {"active": True}),
+                  sql.Update(run, ("steps",)))
 
 
 def test_the_statement_of_write_quotes_every_identifier():

@@ -1,6 +1,7 @@
 """What a run's lifecycle asks of the database, folded as docs/performance.md says: the
-create is its one statement in autocommit, and the claim reads whether its worker is
-drained in the statement that locks the runs. Each with the behaviour it must keep."""
+create is its one statement in autocommit, the claim reads whether its worker is drained
+in the statement that locks the runs, and an ended run's transition reads whether a
+webhook endpoint is active in its own statement. Each with the behaviour it must keep."""
 
 import threading
 
@@ -11,12 +12,14 @@ from django.test.utils import CaptureQueriesContext
 
 from harness.processes import wait_until
 from runs import domain, tasks
+from runs.domain import Ending
 from runs.domain.errors import WorkerDraining
-from runs.models import Event, Run, RunState
+from runs.models import Event, Run, RunState, WebhookDelivery, WebhookEndpoint
 from runs.runtime.executor import Executor
 from tests.conftest import db_state, make_user
-from tests.factories import queued_run
+from tests.factories import queued_run, running_run
 
+ENDPOINTS = '"runs_webhookendpoint"'
 WORKERS = '"runs_workerprocess"'
 
 
@@ -216,7 +219,65 @@ def test_a_claim_reads_the_drain_in_its_locking_statement_and_a_drained_one_retu
         assert claim[0] == "BEGIN" and len(claim) == 4  # the lock, then the writes
         assert "FOR NO KEY UPDATE" in claim[1] and claim[2].startswith("WITH ")
         assert [s for s in sent if WORKERS in s] == claim[1:2]  # no read of its own
+        assert not any(ENDPOINTS in s for s in sent)
         wait_until(lambda: Run.objects.get(pk=run.id).state == RunState.ENDED, 20,
                    "the claimed run to end")
     finally:
         executor.close()
+
+
+# --- the end: whether a webhook endpoint is active ---------------------------------------
+
+
+def endpoint(**values) -> WebhookEndpoint:
+    user = User.objects.filter(username="olga").first() or make_user("olga", "operator")
+    return WebhookEndpoint.objects.create(url="https://hooks.example.com/h", secret="s",
+                                          created_by=user, **{"events": ["run.ended"],
+                                                              **values})
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_an_end_reads_whether_an_endpoint_is_active_in_its_own_statement():
+    run, generation = running_run()
+    with CaptureQueriesContext(connection) as queries:
+        assert domain.attempt_finish(run_id=run.id, generation=generation,
+                                     ending=Ending.completed())
+    asked = [s for s in statements(queries) if ENDPOINTS in s]
+    assert len(asked) == 1 and asked[0].startswith("WITH ") and '"runs_event"' in asked[0]
+    assert not WebhookDelivery.objects.exists()
+    # A step is not told of: its statement does not ask.
+    run, generation = running_run()
+    with CaptureQueriesContext(connection) as queries:
+        domain.attempt_step(run_id=run.id, generation=generation)
+    assert not any(ENDPOINTS in s for s in statements(queries))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_endpoint_made_just_before_a_run_ends_gets_its_delivery():
+    ended_unseen, generation = running_run()
+    assert domain.attempt_finish(run_id=ended_unseen.id, generation=generation,
+                                 ending=Ending.completed())
+    run, generation = running_run()
+    awaited, awaited_generation = running_run()
+    if connection.vendor == "postgresql":  # made and committed by another process's
+        made = in_another_connection(lambda: endpoint(events=["run.ended", "run.awaiting"]))
+    else:
+        made = endpoint(events=["run.ended", "run.awaiting"])
+    assert domain.attempt_finish(run_id=run.id, generation=generation,
+                                 ending=Ending.completed())
+    assert list(WebhookDelivery.objects.values_list("endpoint", "type")) == [
+        (made.pk, "run.ended")]
+    domain.attempt_pause(run_id=awaited.id, generation=awaited_generation)
+    assert WebhookDelivery.objects.filter(endpoint=made, type="run.awaiting").count() == 1
+
+    WebhookEndpoint.objects.filter(pk=made.pk).update(active=False)
+    other, generation = running_run()
+    assert domain.attempt_finish(run_id=other.id, generation=generation,
+                                 ending=Ending.completed())
+    assert WebhookDelivery.objects.count() == 2  # none for an inactive endpoint
+    WebhookEndpoint.objects.filter(pk=made.pk).update(active=True)
+    last, generation = running_run()
+    assert domain.attempt_finish(run_id=last.id, generation=generation,
+                                 ending=Ending.completed())
+    assert WebhookDelivery.objects.filter(type="run.ended").count() == 2

@@ -119,8 +119,9 @@ def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, s
     """Bump the version of each locked run of ``runs``, write its ``fields`` and one
     ``kind`` event for it, and the writes ``also``: one statement on PostgreSQL. With
     ``children_of``, the same statement reads the ids of that run's children that have not
-    ended. Returns ``(events, child ids)``; each run is published with its event once the
-    transaction commits."""
+    ended; for a transition webhooks tell of, whether an endpoint is active (the
+    deliveries are then written after it, in the same transaction). Returns ``(events,
+    child ids)``; each run is published with its event once the transaction commits."""
     events = []
     for run in runs:
         run.version += 1
@@ -132,9 +133,14 @@ def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, s
              sql.Insert(tuple(events))]
     if children_of is not None:
         parts.append(sql.Keys(Run, {"parent": children_of.pk}, {"state": RunState.ENDED}))
-    children = sql.write(*parts)
-    for run in runs:
-        webhooks.run_changed(run, kind)
+    told = any(webhooks.told_of(run, kind) for run in runs)
+    if told:  # whether any webhook endpoint is active, read by the same statement
+        parts.append(webhooks.ANY_ACTIVE)
+    answers = sql.write(*parts)
+    children = answers[0] if children_of is not None else []
+    if told and answers[-1]:
+        for run in runs:
+            webhooks.run_changed(run, kind)
     after_commit(outside.changes.publish_changes, changes=list(zip(runs, events, strict=True)))
     return events, children
 
