@@ -3,7 +3,7 @@
 from celery import shared_task
 
 from runs import domain
-from runs.domain import selectors
+from runs.domain.errors import WorkerDraining
 from runs.runtime.executor import get_executor
 from runs.workers import commands, dispatch, sweeper  # noqa: F401 (beat sweeps itself)
 
@@ -19,10 +19,12 @@ def execute(self, run_ids: list[str] | str) -> None:
     """
     executor = get_executor(node=commands.node_name or self.request.hostname)
     run_ids = [run_ids] if isinstance(run_ids, str) else list(run_ids)
-    # A drained worker takes none: the message goes back for another worker to claim.
-    room = 0 if selectors.worker_draining(owner=executor.owner) else executor.room
+    room = executor.room
     if room:
-        executor.start(run_ids[:room])
+        try:
+            executor.start(run_ids[:room])
+        except WorkerDraining:  # asked by the claim itself: the message goes back whole
+            room = 0
     if run_ids[room:]:
         raise self.retry(args=[run_ids[room:]], countdown=1)
 

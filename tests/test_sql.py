@@ -9,7 +9,18 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from runs.domain import sql
-from runs.models import Attempt, AttemptState, CloseReason, Event, EventKind, Run, RunState
+from runs.models import (
+    Attempt,
+    AttemptState,
+    CloseReason,
+    Event,
+    EventKind,
+    Run,
+    RunState,
+    WebhookEndpoint,
+    WorkerProcess,
+)
+from tests.conftest import make_user
 from tests.factories import queued_run, running_run
 
 pytestmark = pytest.mark.django_db
@@ -137,7 +148,7 @@ def test_write_makes_every_part_and_reads_back_keys_as_the_single_statements_wou
     events = (sql.new(Event, run=run, version=run.version, kind=EventKind.STEP,
                       state=run.state, generation=generation, data={"step": run.steps}),)
     with transaction.atomic():
-        keys = sql.write(
+        [keys] = sql.write(
             sql.UpdateWhere(Attempt, {"state": AttemptState.CLOSED,
                                       "close_reason": CloseReason.PAUSED, "closed_at": now},
                             {"run": run.pk, "state": AttemptState.LIVE}),
@@ -176,6 +187,60 @@ def test_lock_many_at_reads_the_database_clock_with_the_rows():
         else:
             assert clock is None
         assert sql.lock_many_at(Run, [uuid.uuid4()]) == ([], None)
+
+
+def test_lock_many_asking_reads_the_answer_the_orm_reads_with_the_rows():
+    run, other = queued_run(), queued_run()
+    WorkerProcess.objects.create(owner="node-a:1", reported_at=timezone.now(), draining=True)
+    WorkerProcess.objects.create(owner="node-b:2", reported_at=timezone.now())
+    for owner in ("node-a:1", "node-b:2", "node-c:3"):
+        asked = {"owner": owner, "draining": True}
+        with transaction.atomic():
+            rows, clock, answer = sql.lock_many_asking(Run, sorted([run.pk, other.pk]),
+                                                       sql.Exists(WorkerProcess, asked))
+            assert answer is WorkerProcess.objects.filter(**asked).exists()
+            assert [r.pk for r in rows] == sorted([run.pk, other.pk])
+            assert [columns(r) for r in rows] == [
+                {f.attname: getattr(r, f.attname) for f in Run._meta.concrete_fields}
+                for r in rows]
+            assert not hasattr(rows[0], "answer") and not hasattr(rows[0], "database_clock")
+            assert (clock is not None) == (connection.vendor == "postgresql")
+            # No row locked: nothing to answer for.
+            assert sql.lock_many_asking(Run, [uuid.uuid4()], sql.Exists(
+                WorkerProcess, asked)) == ([], None, None)
+
+
+@pytest.mark.postgres
+def test_lock_many_asking_is_one_statement_that_locks_the_runs_only():
+    run = queued_run()
+    WorkerProcess.objects.create(owner="node-a:1", reported_at=timezone.now(), draining=True)
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        sql.lock_many_asking(Run, [run.pk], sql.Exists(WorkerProcess, {"owner": "node-a:1"}))
+    [statement] = [q["sql"] for q in queries.captured_queries]
+    assert statement.endswith(f"FOR NO KEY UPDATE OF {sql.quoted('runs_run')}")
+    assert f"EXISTS (SELECT 1 FROM {sql.quoted('runs_workerprocess')} WHERE" in statement
+
+
+def test_write_reads_exists_parts_as_the_orm_does_after_its_writes():
+    run, generation = running_run()
+    run.steps, run.version = run.steps + 1, run.version + 1
+    endpoint = WebhookEndpoint.objects.create(url="https://hooks.example.com/a",
+                                              events=["run.ended"], secret="s", active=False,
+                                              created_by=make_user("olga", "operator"))
+    with transaction.atomic():
+        assert sql.write(sql.Update(run, ("steps", "version", "updated_at")),
+                         sql.Exists(WebhookEndpoint, {"active": True}),
+                         sql.Keys(Run, {"id": run.pk}, {}),
+                         sql.Exists(WebhookEndpoint, {"active": False})) == \
+            [False, [run.pk], True]
+    assert columns(run)["steps"] == run.steps
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(active=True)
+    with transaction.atomic():
+        assert sql.write(sql.Exists(WebhookEndpoint, {"active": True})) == \
+            [WebhookEndpoint.objects.filter(active=True).exists()] == [True]
+    with pytest.raises(ValueError, match="come after"):
+        sql.write(sql.Exists(WebhookEndpoint, {"active": True}),
+                  sql.Update(run, ("steps",)))
 
 
 def test_the_statement_of_write_quotes_every_identifier():

@@ -31,8 +31,9 @@ from runs.domain.core import (
     record_each,
     record_intent,
     release_claim,
+    run_keys,
 )
-from runs.domain.errors import Fenced, InvalidRequest, WorkerNotFound
+from runs.domain.errors import Fenced, InvalidRequest, WorkerDraining, WorkerNotFound
 from runs.domain.receipts import Trace
 from runs.domain.schemas import check_schema
 from runs.domain.text import short_id
@@ -66,12 +67,25 @@ def attempt_start(*, run_id, owner: str, lease_seconds: float) -> Attempt | None
     return claimed[0] if claimed else None
 
 
-def attempts_start(*, run_ids, owner: str, lease_seconds: float) -> list[Attempt]:
+def attempts_start(*, run_ids, owner: str, lease_seconds: float,
+                   unless_draining: bool = False) -> list[Attempt]:
     """Claim each run of ``run_ids`` that is queued and due, in one transaction: the runs
-    that arrived in one task message. The others are skipped; unknown ids are ignored."""
+    that arrived in one task message. The others are skipped; unknown ids are ignored.
+
+    With ``unless_draining`` (a task message's claim), a worker process ``owner`` that an
+    operator drained claims none: WorkerDraining, asked by the statement that locks the
+    runs. (No run to lock, no claim: nothing to ask.) A child run claimed by its parent's
+    process is claimed even so."""
     with transaction.atomic():
         now = timezone.now()
-        locked, clock = locked_runs_at(run_ids)
+        if unless_draining:
+            locked, clock, draining = sql.lock_many_asking(
+                Run, run_keys(run_ids), sql.Exists(WorkerProcess, {"owner": owner,
+                                                                   "draining": True}))
+            if draining:
+                raise WorkerDraining(f"Worker {owner} is draining: it claims no new run.")
+        else:
+            locked, clock = locked_runs_at(run_ids)
         runs = [run for run in locked if run.state == RunState.QUEUED
                 and not (run.start_after and run.start_after > now)]
         if not runs:

@@ -77,13 +77,19 @@ def locked_runs(run_ids) -> list[Run]:
 def locked_runs_at(run_ids) -> tuple[list[Run], object]:
     """``locked_runs``, and the database's clock read by the same statement (None when
     it could not be read so: no run locked, or not PostgreSQL; ask ``database_now``)."""
+    return sql.lock_many_at(Run, run_keys(run_ids))
+
+
+def run_keys(run_ids) -> list:
+    """The primary keys of ``run_ids``, once each and in order; what is not a UUID (no
+    such run) left out."""
     pks = set()
     for run_id in run_ids:
         try:
             pks.add(Run._meta.pk.to_python(run_id))
         except ValidationError:  # not a UUID: no such run
             continue
-    return sql.lock_many_at(Run, sorted(pks))
+    return sorted(pks)
 
 
 def record(
@@ -119,9 +125,11 @@ def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, s
     """Bump the version of each locked run of ``runs``, write its ``fields`` and one
     ``kind`` event for it, and the writes ``also``: one statement on PostgreSQL. With
     ``children_of``, the same statement reads the ids of that run's children that have not
-    ended. ``activity``: entries of the one run's live attempt, written before the change
-    (``runs.domain.activity``). Returns ``(events, child ids)``; each run is published
-    with its event once the transaction commits."""
+    ended; for a transition webhooks tell of, whether an endpoint is active (the
+    deliveries are then written after it, in the same transaction). ``activity``: entries
+    of the one run's live attempt, written before the change (``runs.domain.activity``).
+    Returns ``(events, child ids)``; each run is published with its event once the
+    transaction commits."""
     if activity:
         (run,) = runs
         noted = activity_log.staged(run, run.generation, activity)
@@ -140,9 +148,14 @@ def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, s
              sql.Insert(tuple(events))]
     if children_of is not None:
         parts.append(sql.Keys(Run, {"parent": children_of.pk}, {"state": RunState.ENDED}))
-    children = sql.write(*parts)
-    for run in runs:
-        webhooks.run_changed(run, kind)
+    told = any(webhooks.told_of(run, kind) for run in runs)
+    if told:  # whether any webhook endpoint is active, read by the same statement
+        parts.append(webhooks.ANY_ACTIVE)
+    answers = sql.write(*parts)
+    children = answers[0] if children_of is not None else []
+    if told and answers[-1]:
+        for run in runs:
+            webhooks.run_changed(run, kind)
     after_commit(outside.changes.publish_changes, changes=list(zip(runs, events, strict=True)))
     return events, children
 

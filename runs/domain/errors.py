@@ -64,6 +64,12 @@ class Busy(ServiceError):
     retry_after = 1
 
 
+class WorkerDraining(ServiceError):
+    """The worker process asked to claim runs is drained by an operator: it claimed none."""
+
+    code = "draining"
+
+
 class Fenced(ServiceError):
     """An attempt whose generation or lease is no longer current; it may commit nothing."""
 

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -84,7 +85,7 @@ def run_create(
         run.rerun_of = rerun_of
         run.request_fingerprint = _fingerprint(run.request_fingerprint, str(rerun_of.pk))
     try:
-        with transaction.atomic():
+        with _creating():
             record_created([run], actor=_name(created_by), source=source)
             if dispatch:
                 dispatch_after_commit(run)
@@ -140,10 +141,25 @@ def runs_create(*, runs: list[dict], created_by=None, source: str = "api") -> li
         except InvalidRequest as error:
             where = f"runs.{index}" + (f".{error.field}" if error.field else "")
             raise InvalidRequest(f"{where}: {error.message}", field=where) from None
-    with transaction.atomic():
+    with _creating():
         record_created(made, actor=_name(created_by), source=source)
         dispatch_after_commit(*made)
     return made
+
+
+def _creating():
+    """The transaction a create's writes go in.
+
+    On PostgreSQL the runs and their events are one statement (``record_created``), and
+    nothing else of a create writes: in autocommit that statement is a transaction of its
+    own, with no BEGIN or COMMIT sent. The hooks for after the commit (the broadcast, the
+    dispatch) then run as soon as it succeeds, and not at all if it fails. Inside a
+    caller's transaction the create takes a savepoint, so a refused insert (a replayed
+    Idempotency-Key) leaves that transaction usable. Elsewhere the writes are several
+    statements, in one atomic block."""
+    if connection.vendor == "postgresql" and transaction.get_autocommit():
+        return nullcontext()
+    return transaction.atomic()
 
 
 def _parents(ids) -> dict[str, Run]:

@@ -566,11 +566,6 @@ def pending_requests(runs_shown) -> dict:
     return {run_id: Pending(action, begun.get(run_id)) for run_id, action in found.items()}
 
 
-def worker_draining(*, owner: str) -> bool:
-    """Whether an operator drained the worker process ``owner`` (it claims no new run)."""
-    return sql.exists(WorkerProcess, owner=owner, draining=True)  # on every claim
-
-
 def workers() -> list[WorkerProcess]:
     """Every worker process that reported within the last hour, alive ones first: each with
     ``alive`` (renewed within a lease), ``attempts`` (its live attempts, with their runs)."""

@@ -6,13 +6,14 @@ These are not, because ``manage.py bench sql`` shows each of them paying for its
 the path of every cancel and every lifecycle (the ORM builds and compiles a queryset for
 each call, which costs several times the CPU of the statement):
 
-* ``lock`` and ``lock_many_at``: a run's row lock (``FOR NO KEY UPDATE`` on PostgreSQL),
-  read by ``rows``; ``get`` reads one row the same way, without a lock, and
+* ``lock``, ``lock_many_at`` and ``lock_many_asking``: a run's row lock (``FOR NO KEY
+  UPDATE`` on PostgreSQL), read by ``rows``; ``get`` reads one row the same way, without a lock, and
   ``exists`` asks whether a row matches (through ``connection.cursor()``).
 * ``write``: the writes of one transition (``Update``, ``UpdateWhere``, ``Insert``, and
-  the ``Keys`` it reads), as one statement on PostgreSQL (each a data-modifying ``WITH``
-  part) through ``connection.cursor()``. Elsewhere the same writes go through the ORM one
-  after the other (``save(update_fields=)``, ``QuerySet.update``, ``bulk_create``).
+  the ``Keys`` and ``Exists`` it reads), as one statement on PostgreSQL (each a
+  data-modifying ``WITH`` part) through ``connection.cursor()``. Elsewhere the same writes
+  go through the ORM one after the other (``save(update_fields=)``, ``QuerySet.update``,
+  ``bulk_create``).
 
 The SQL is plain text built once per model and shape from the models' ``_meta``, every
 identifier quoted. Values go through the fields' own ``pre_save``, ``get_db_prep_save``
@@ -74,19 +75,36 @@ def lock_many_at(model, pks: list) -> tuple[list, object]:
     """The rows of ``model`` among primary keys ``pks``, locked in primary key order, and
     the database's clock (``statement_timestamp()``) read by the same statement on
     PostgreSQL (None when no row is locked, or on another database)."""
-    if not pks:
-        return [], None
-    marks = ", ".join(["%s"] * len(pks))
-    text = _select_sql(model, connection.vendor, "many", True).format(marks=marks)
-    clocked = connection.vendor == "postgresql"
-    found = rows(model, text, [_prepared(model, model._meta.pk.name, pk) for pk in pks],
-                 extra=("database_clock",) if clocked else ())
-    if not clocked or not found:
-        return found, None
-    clock = found[0].database_clock
-    for row in found:  # the clock is the statement's, not a column of the model
-        del row.database_clock
+    found, clock, _ = _lock_many(model, pks, None)
     return found, clock
+
+
+def lock_many_asking(model, pks: list, question: "Exists") -> tuple[list, object, bool | None]:
+    """``lock_many_at``, and whether a row matches ``question``, read by the same
+    statement (a column of each row: None when no row is locked)."""
+    return _lock_many(model, pks, question)
+
+
+def _lock_many(model, pks: list, question) -> tuple[list, object, bool | None]:
+    if not pks:
+        return [], None, None
+    marks = ", ".join(["%s"] * len(pks))
+    text = _select_sql(model, connection.vendor, "many", True,
+                       _question_sql(question)).format(marks=marks)
+    clocked = connection.vendor == "postgresql"
+    extra = (*(("database_clock",) if clocked else ()),
+             *(("answer",) if question is not None else ()))
+    params = [] if question is None else _question_params(question)
+    found = rows(model, text, [*params, *(_prepared(model, model._meta.pk.name, pk)
+                                          for pk in pks)], extra=extra)
+    if not found:
+        return found, None, None
+    clock = found[0].database_clock if clocked else None
+    answer = bool(found[0].answer) if question is not None else None
+    for row in found:  # the clock and the answer are the statement's, not the model's
+        for name in extra:
+            delattr(row, name)
+    return found, clock, answer
 
 
 def rows(model, text: str, params: list, extra: tuple = ()) -> list:
@@ -137,22 +155,46 @@ def exists(model, **where) -> bool:
         return cursor.fetchone() is not None
 
 
+@dataclass(frozen=True)
+class Exists:
+    """Whether a row of ``model`` has each field of ``where`` equal to its value, asked
+    within another statement: ``lock_many_asking``'s question, or a part of ``write``
+    (read with the writes' snapshot, so it does not see them). The ORM's
+    ``model.objects.filter(**where).exists()``."""
+    model: type
+    where: dict
+
+
+def _question_sql(question) -> tuple | None:
+    return None if question is None else (question.model, tuple(question.where))
+
+
+def _question_params(question) -> list:
+    return [_prepared(question.model, n, v) for n, v in question.where.items()]
+
+
 @cache
 def _exists_sql(model, names: tuple) -> str:
     return f"SELECT 1 FROM {quoted(model._meta.db_table)} WHERE {_condition(model, names)}"
 
 
 @cache
-def _select_sql(model, vendor: str, how: str, locked: bool) -> str:
+def _select_sql(model, vendor: str, how: str, locked: bool, question: tuple | None = None
+                ) -> str:
     """Every column of ``model``'s rows by primary key: ``one`` (``= %s``) or ``many``
-    (``IN ({marks})``, in key order, with the database's clock on PostgreSQL)."""
+    (``IN ({marks})``, in key order, with the database's clock on PostgreSQL, and
+    ``question``'s answer when asked: ``(model, field names)`` of an ``Exists``)."""
     pk = quoted(model._meta.pk.column)
     columns = ", ".join(quoted(f.column) for f in model._meta.concrete_fields)
     if how == "many" and vendor == "postgresql":
         columns += ", statement_timestamp() AS database_clock"
+    if question is not None:
+        columns += f", EXISTS ({_exists_sql(*question)}) AS answer"
     where = f"{pk} = %s" if how == "one" else f"{pk} IN ({{marks}}) ORDER BY {pk}"
-    lock_clause = " FOR NO KEY UPDATE" if locked and vendor == "postgresql" else ""
-    return f"SELECT {columns} FROM {quoted(model._meta.db_table)} WHERE {where}{lock_clause}"
+    table = quoted(model._meta.db_table)
+    # OF the table: the question's rows are read, not locked.
+    lock_clause = f" FOR NO KEY UPDATE OF {table}" if locked and vendor == "postgresql" else ""
+    return f"SELECT {columns} FROM {table} WHERE {where}{lock_clause}"
 
 
 def _prepared(model, name: str, value):
@@ -188,9 +230,9 @@ class Insert:
 @dataclass(frozen=True)
 class Keys:
     """The primary keys of the rows of ``model`` whose ``where`` fields equal the values
-    given and whose ``unless`` fields do not, in primary key order: what ``write``
-    returns. Read in the same statement as the writes on PostgreSQL, so it does not see
-    them."""
+    given and whose ``unless`` fields do not, in primary key order: one of the answers
+    ``write`` returns. Read in the same statement as the writes on PostgreSQL, so it does
+    not see them."""
     model: type
     where: dict
     unless: dict
@@ -198,13 +240,16 @@ class Keys:
 
 def write(*parts) -> list:
     """Make the writes ``parts`` (``Update``, ``UpdateWhere``, ``Insert``), in one statement
-    on PostgreSQL, one after the other elsewhere, and read the ``Keys`` part if there is one
-    (it must be the last). The parts must not write the same rows: in one statement,
-    PostgreSQL makes them all against the same snapshot, in no set order."""
-    keys = parts[-1] if parts and isinstance(parts[-1], Keys) else None
-    writes = parts[:-1] if keys is not None else parts
+    on PostgreSQL, one after the other elsewhere, and read the ``Keys`` and ``Exists``
+    parts, which come after them: returns their answers in order (a list of keys, a
+    bool). The parts must not write the same rows: in one statement, PostgreSQL makes them
+    all against the same snapshot, in no set order."""
+    reads = [part for part in parts if isinstance(part, (Keys, Exists))]
+    writes = parts[:len(parts) - len(reads)]
+    if any(isinstance(part, (Keys, Exists)) for part in writes):
+        raise ValueError("The Keys and Exists parts of a write come after its writes.")
     if connection.vendor != "postgresql":
-        return _write_by_orm(writes, keys)
+        return _write_by_orm(writes, reads)
 
     shape, params = [], []
     for part in parts:
@@ -226,6 +271,9 @@ def write(*parts) -> list:
             fields = _inserted_fields(model)
             params += [f.get_db_prep_save(f.pre_save(instance, True), connection)
                        for instance in part.instances for f in fields]
+        elif isinstance(part, Exists):
+            shape.append(("exists", part.model, tuple(part.where)))
+            params += _question_params(part)
         else:
             shape.append(("keys", part.model, tuple(part.where), tuple(part.unless)))
             params += [_prepared(part.model, n, v) for n, v in part.where.items()]
@@ -242,13 +290,17 @@ def write(*parts) -> list:
             # PostgreSQL returns the rows in the order of VALUES (bulk_create relies on it).
             for instance, key in zip(part.instances, by_part[index], strict=True):
                 setattr(instance, auto.attname, auto.to_python(key))
-    if keys is None:
-        return []
-    pk = keys.model._meta.pk
-    return sorted(pk.to_python(key) for key in by_part.get(len(parts) - 1, []))
+    answers = []
+    for index, part in enumerate(parts[len(writes):], start=len(writes)):
+        if isinstance(part, Exists):
+            answers.append(index in by_part)
+        else:
+            pk = part.model._meta.pk
+            answers.append(sorted(pk.to_python(key) for key in by_part.get(index, [])))
+    return answers
 
 
-def _write_by_orm(writes, keys) -> list:
+def _write_by_orm(writes, reads) -> list:
     for part in writes:
         if isinstance(part, Update):
             part.instance.save(update_fields=list(part.names))
@@ -256,12 +308,16 @@ def _write_by_orm(writes, keys) -> list:
             part.model.objects.filter(**part.where).update(**part.values)
         else:
             type(part.instances[0]).objects.bulk_create(part.instances)
-    if keys is None:
-        return []
-    rows = keys.model.objects.filter(**keys.where)
-    for name, value in keys.unless.items():
-        rows = rows.exclude(**{name: value})
-    return list(rows.order_by("pk").values_list("pk", flat=True))
+    answers = []
+    for part in reads:
+        rows = part.model.objects.filter(**part.where)
+        if isinstance(part, Exists):
+            answers.append(rows.exists())
+            continue
+        for name, value in part.unless.items():
+            rows = rows.exclude(**{name: value})
+        answers.append(list(rows.order_by("pk").values_list("pk", flat=True)))
+    return answers
 
 
 def _automatic_key(model):
@@ -284,8 +340,9 @@ def _condition(model, where, unless=()) -> str:
 @cache
 def _write_sql(shape: tuple) -> str:
     """The one statement of ``write`` for parts of this ``shape`` (PostgreSQL): each part a
-    ``WITH`` query; the keys that inserts read back and the ``Keys`` part, as
-    ``(part index, key as text)`` rows."""
+    ``WITH`` query; the keys that inserts read back and the ``Keys`` parts, as
+    ``(part index, key as text)`` rows, and a ``(part index, NULL)`` row for an
+    ``Exists`` part that a row matches."""
     queries, outputs = [], []
     for index, (kind, model, *rest) in enumerate(shape):
         name = f"part{index}"
@@ -305,6 +362,9 @@ def _write_sql(shape: tuple) -> str:
             if auto is not None:
                 query += f" RETURNING {quoted(auto.column)}"
                 outputs.append(f"SELECT {index}, {quoted(auto.column)}::text FROM {name}")
+        elif kind == "exists":
+            query = f"{_exists_sql(model, rest[0])} LIMIT 1"
+            outputs.append(f"SELECT {index}, NULL::text FROM {name}")
         else:
             where, unless = rest
             query = f"SELECT {pk} FROM {table} WHERE {_condition(model, where, unless)}"

@@ -117,11 +117,14 @@ def redeliver(*, endpoint: WebhookEndpoint, delivery_id) -> WebhookDelivery:
     return delivery
 
 
-def enqueue(kind: str, data) -> None:
+def enqueue(kind: str, data, *, any_active: bool | None = None) -> None:
     """Owe every active endpoint that asked for ``kind`` a delivery of ``data()``: rows
     written in the caller's transaction. With no active endpoint (the usual case) this is
-    one small read on the path of every ended run, and ``data`` is never made."""
-    if not sql.exists(WebhookEndpoint, active=True):
+    one small read, and ``data`` is never made; ``any_active``: whether there is one, when
+    the caller has read it already (``ANY_ACTIVE``)."""
+    if any_active is None:
+        any_active = sql.exists(WebhookEndpoint, active=True)
+    if not any_active:
         return
     endpoints = [e for e in WebhookEndpoint.objects.filter(active=True) if kind in e.events]
     if not endpoints:
@@ -134,15 +137,33 @@ def enqueue(kind: str, data) -> None:
                         next_attempt_at=now) for endpoint in endpoints])
 
 
-def run_changed(run, kind: str) -> None:
-    """The webhook of a run's transition, if it is one webhooks tell of."""
-    from runs.domain.representation import run_data
+# Whether any endpoint is active: read by the statement of a run's transition that
+# webhooks tell of (``runs.domain.core``), not by a statement of its own. Not a cache: an
+# endpoint made or activated in any process is seen by the next transition that starts
+# after it commits.
+ANY_ACTIVE = sql.Exists(WebhookEndpoint, {"active": True})
+
+
+def told_of(run, kind: str) -> str | None:
+    """The webhook event a run's transition tells of (``kind``, the run as changed), if
+    it is one."""
     from runs.models import EventKind, RunState
 
     if kind == EventKind.ENDED:
-        enqueue(WebhookEvent.RUN_ENDED, lambda: run_data(run))
-    elif run.state == RunState.AWAITING and kind == EventKind.PAUSED:
-        enqueue(WebhookEvent.RUN_AWAITING, lambda: run_data(run))
+        return WebhookEvent.RUN_ENDED
+    if run.state == RunState.AWAITING and kind == EventKind.PAUSED:
+        return WebhookEvent.RUN_AWAITING
+    return None
+
+
+def run_changed(run, kind: str) -> None:
+    """The webhook of a run's transition, if it is one webhooks tell of; called once the
+    transition's statement has read that an endpoint is active (``ANY_ACTIVE``)."""
+    from runs.domain.representation import run_data
+
+    event = told_of(run, kind)
+    if event is not None:
+        enqueue(event, lambda: run_data(run), any_active=True)
 
 
 def claim_due(*, limit: int = 50, lease_seconds: float) -> list[WebhookDelivery]:

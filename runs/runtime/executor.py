@@ -97,9 +97,11 @@ class Executor:
 
     def start(self, run_ids) -> int:
         """Claim the runs of ``run_ids`` (one transaction) and run their attempts on the
-        loop. Returns how many were claimed."""
+        loop. Returns how many were claimed. WorkerDraining if an operator drained this
+        process: it claims none."""
         attempts = domain.attempts_start(run_ids=run_ids, owner=self.owner,
-                                         lease_seconds=self.lease_seconds)
+                                         lease_seconds=self.lease_seconds,
+                                         unless_draining=True)
         for attempt in attempts:
             view = selectors.attempt_view(run=attempt.run, generation=attempt.generation)
             entry = self._register(str(attempt.run_id), attempt.generation, view)

@@ -1,0 +1,283 @@
+"""What a run's lifecycle asks of the database, folded as docs/performance.md says: the
+create is its one statement in autocommit, the claim reads whether its worker is drained
+in the statement that locks the runs, and an ended run's transition reads whether a
+webhook endpoint is active in its own statement. Each with the behaviour it must keep."""
+
+import threading
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import IntegrityError, connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+
+from harness.processes import wait_until
+from runs import domain, tasks
+from runs.domain import Ending
+from runs.domain.errors import WorkerDraining
+from runs.models import Event, Run, RunState, WebhookDelivery, WebhookEndpoint
+from runs.runtime.executor import Executor
+from tests.conftest import db_state, make_user
+from tests.factories import queued_run, running_run
+
+ENDPOINTS = '"runs_webhookendpoint"'
+WORKERS = '"runs_workerprocess"'
+
+
+def statements(queries) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries]
+
+
+def in_another_connection(fn):
+    """``fn()`` in a thread of its own, so on a database connection of its own (committed
+    there before this returns); its result."""
+    result = []
+
+    def target():
+        try:
+            result.append(fn())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive() and result, "the other connection's work did not finish"
+    return result[0]
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """The runs handed to workers (``runs_queued``), each with whether another connection
+    could see it committed at that moment (on PostgreSQL; else None)."""
+    handed = []
+
+    def runs_queued(runs):
+        ids = [run_id for run_id, _ in runs]
+        seen = (in_another_connection(lambda: Run.objects.filter(pk__in=ids).count())
+                if connection.vendor == "postgresql" else None)
+        handed.append((ids, seen))
+
+    monkeypatch.setattr("runs.workers.dispatch.runs_queued", runs_queued)
+    return handed
+
+
+# --- the create --------------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_create_is_its_one_statement_with_no_begin_or_commit_then_its_dispatch(sent):
+    with CaptureQueriesContext(connection) as queries:
+        run, created = domain.run_create(agent="demo.steps")
+    assert created
+    [statement] = statements(queries)  # no SAVEPOINT, no COMMIT: autocommit
+    assert statement.startswith("WITH ") and '"runs_event"' in statement
+    assert sent == [([run.id], 1)]  # committed by the time it is dispatched
+
+    with CaptureQueriesContext(connection) as queries:
+        made = domain.runs_create(runs=[{"agent": "demo.steps"}, {"agent": "demo.fail"}])
+    assert len(statements(queries)) == 1
+    assert sent[1] == ([r.id for r in made], 2)
+    assert Event.objects.filter(run__in=[r.id for r in made], kind="created").count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_create_writes_nothing_and_dispatches_nothing(sent):
+    ghost = User(pk=987654, username="ghost")  # no such user: the runs' key is refused
+    before = db_state()
+    with pytest.raises(IntegrityError):
+        domain.run_create(agent="demo.steps", created_by=ghost)
+    with pytest.raises(IntegrityError):
+        domain.runs_create(runs=[{"agent": "demo.steps"}, {"agent": "demo.fail"}],
+                           created_by=ghost)
+    with pytest.raises(IntegrityError):  # a key does not make a refused insert a replay
+        domain.run_create(agent="demo.steps", created_by=ghost, idempotency_key="k")
+    assert db_state() == before and sent == []
+    run, created = domain.run_create(agent="demo.steps")  # the connection is still usable
+    assert created and sent == [([run.id], 1 if connection.vendor == "postgresql" else None)]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_create_in_a_callers_transaction_replays_a_key_and_dispatches_at_its_commit(sent):
+    operator = make_user("olga", "operator")
+    with transaction.atomic():
+        first, created = domain.run_create(agent="demo.steps", created_by=operator,
+                                           idempotency_key="k")
+        again, created_again = domain.run_create(agent="demo.steps", created_by=operator,
+                                                 idempotency_key="k")
+        assert (created, created_again, again.id) == (True, False, first.id)
+        assert Run.objects.count() == 1  # the refused insert left the transaction usable
+        assert sent == []
+    assert sent == [([first.id], 1)]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_creates_with_one_key_make_one_run_and_dispatch_it_once(sent):
+    operator = make_user("olga", "operator")
+    barrier = threading.Barrier(4)
+
+    def create():
+        barrier.wait(10)
+        try:
+            return domain.run_create(agent="demo.steps", created_by=operator,
+                                     idempotency_key="same")
+        finally:
+            connections.close_all()
+
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(create())) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(results) == 4
+    assert len({run.id for run, _ in results}) == 1
+    assert sorted(created for _, created in results) == [False, False, False, True]
+    assert Run.objects.count() == 1
+    assert [ids for ids, _ in sent] == [[results[0][0].id]]
+
+
+# --- the claim ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_drained_worker_claims_none_and_a_childs_claim_goes_on():
+    run, child = queued_run(), queued_run()
+    domain.worker_report(owner="folds:1", live_attempts=0, abandoned_tools=0)
+    domain.worker_drain(name="folds:1", draining=True, actor="olga")
+    before = db_state()
+    with pytest.raises(WorkerDraining):
+        domain.attempts_start(run_ids=[run.id], owner="folds:1", lease_seconds=30,
+                              unless_draining=True)
+    assert db_state() == before
+    assert domain.attempts_start(run_ids=[child.id], owner="folds:1", lease_seconds=30)
+    domain.worker_drain(name="folds:1", draining=False, actor="olga")
+    [attempt] = domain.attempts_start(run_ids=[run.id], owner="folds:1", lease_seconds=30,
+                                      unless_draining=True)
+    assert attempt.run_id == run.id and Run.objects.get(pk=run.id).state == RunState.RUNNING
+    # Nothing to lock (no such run, none left queued): nothing claimed, nothing asked.
+    assert domain.attempts_start(run_ids=["nope"], owner="folds:1", lease_seconds=30,
+                                 unless_draining=True) == []
+
+
+class Retried(Exception):
+    pass
+
+
+@pytest.fixture
+def task(monkeypatch):
+    """``tasks.execute`` on the executor given, its message's returns raised as Retried."""
+    def retry(*, args, countdown):
+        raise Retried(args)
+
+    monkeypatch.setattr(tasks.execute, "retry", retry)
+
+    def on(executor):
+        monkeypatch.setattr(tasks, "get_executor", lambda node: executor)
+        return tasks.execute
+    return on
+
+
+def test_a_full_worker_sends_no_statement_and_its_message_goes_back_whole(task):
+    class Full:
+        owner, room = "folds:1", 0
+
+        def start(self, run_ids):
+            raise AssertionError("a full worker claims nothing")
+
+    # No django_db mark: a statement would be refused, so none is sent.
+    with pytest.raises(Retried) as retried:
+        task(Full())(["a", "b"])
+    assert retried.value.args == ([["a", "b"]],)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_reads_the_drain_in_its_locking_statement_and_a_drained_one_returns(
+        task, monkeypatch):
+    monkeypatch.setattr("runs.workers.dispatch.runs_queued", lambda **kwargs: None)
+    executor = Executor(node="folds", lease_seconds=3600, db_threads=2)
+    try:
+        domain.worker_report(owner=executor.owner, live_attempts=0, abandoned_tools=0)
+        domain.worker_drain(name=executor.owner, draining=True, actor="olga")
+        run = queued_run()
+        with CaptureQueriesContext(connection) as queries, pytest.raises(Retried) as retried:
+            task(executor)([str(run.id)])
+        assert retried.value.args == ([[str(run.id)]],)
+        begin, locking, rollback = statements(queries)  # one statement, nothing written
+        assert (begin, rollback) == ("BEGIN", "ROLLBACK")
+        assert WORKERS in locking and "FOR NO KEY UPDATE" in locking
+        assert Run.objects.get(pk=run.id).state == RunState.QUEUED
+
+        domain.worker_drain(name=executor.owner, draining=False, actor="olga")
+        with CaptureQueriesContext(connection) as queries:
+            task(executor)([str(run.id)])
+        sent = statements(queries)
+        claim = sent[:sent.index("COMMIT") + 1]
+        assert claim[0] == "BEGIN" and len(claim) == 4  # the lock, then the writes
+        assert "FOR NO KEY UPDATE" in claim[1] and claim[2].startswith("WITH ")
+        assert [s for s in sent if WORKERS in s] == claim[1:2]  # no read of its own
+        assert not any(ENDPOINTS in s for s in sent)
+        wait_until(lambda: Run.objects.get(pk=run.id).state == RunState.ENDED, 20,
+                   "the claimed run to end")
+    finally:
+        executor.close()
+
+
+# --- the end: whether a webhook endpoint is active ---------------------------------------
+
+
+def endpoint(**values) -> WebhookEndpoint:
+    user = User.objects.filter(username="olga").first() or make_user("olga", "operator")
+    return WebhookEndpoint.objects.create(url="https://hooks.example.com/h", secret="s",
+                                          created_by=user, **{"events": ["run.ended"],
+                                                              **values})
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_an_end_reads_whether_an_endpoint_is_active_in_its_own_statement():
+    run, generation = running_run()
+    with CaptureQueriesContext(connection) as queries:
+        assert domain.attempt_finish(run_id=run.id, generation=generation,
+                                     ending=Ending.completed())
+    asked = [s for s in statements(queries) if ENDPOINTS in s]
+    assert len(asked) == 1 and asked[0].startswith("WITH ") and '"runs_event"' in asked[0]
+    assert not WebhookDelivery.objects.exists()
+    # A step is not told of: its statement does not ask.
+    run, generation = running_run()
+    with CaptureQueriesContext(connection) as queries:
+        domain.attempt_step(run_id=run.id, generation=generation)
+    assert not any(ENDPOINTS in s for s in statements(queries))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_endpoint_made_just_before_a_run_ends_gets_its_delivery():
+    ended_unseen, generation = running_run()
+    assert domain.attempt_finish(run_id=ended_unseen.id, generation=generation,
+                                 ending=Ending.completed())
+    run, generation = running_run()
+    awaited, awaited_generation = running_run()
+    if connection.vendor == "postgresql":  # made and committed by another process's
+        made = in_another_connection(lambda: endpoint(events=["run.ended", "run.awaiting"]))
+    else:
+        made = endpoint(events=["run.ended", "run.awaiting"])
+    assert domain.attempt_finish(run_id=run.id, generation=generation,
+                                 ending=Ending.completed())
+    assert list(WebhookDelivery.objects.values_list("endpoint", "type")) == [
+        (made.pk, "run.ended")]
+    domain.attempt_pause(run_id=awaited.id, generation=awaited_generation)
+    assert WebhookDelivery.objects.filter(endpoint=made, type="run.awaiting").count() == 1
+
+    WebhookEndpoint.objects.filter(pk=made.pk).update(active=False)
+    other, generation = running_run()
+    assert domain.attempt_finish(run_id=other.id, generation=generation,
+                                 ending=Ending.completed())
+    assert WebhookDelivery.objects.count() == 2  # none for an inactive endpoint
+    WebhookEndpoint.objects.filter(pk=made.pk).update(active=True)
+    last, generation = running_run()
+    assert domain.attempt_finish(run_id=last.id, generation=generation,
+                                 ending=Ending.completed())
+    assert WebhookDelivery.objects.filter(type="run.ended").count() == 2
