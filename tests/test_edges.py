@@ -814,3 +814,38 @@ def test_a_crash_after_a_step_commits_the_step_then_the_failure():
     assert versions_of(events)[2:] == [("step", 3), ("ended", 4)]
     assert (run.end_cause, run.steps, run.agent_state) == ("failed", 1, {"done": 1})
     assert "crashed after its step" in run.error
+
+
+@register
+class StepThenSleep(Agent):
+    """Waits to be let go, takes a step, then sleeps (a wait of the context's own, not a
+    call of the host)."""
+
+    name = "test.edges.step_then_sleep"
+
+    async def run(self, ctx):
+        await _wait_to_go(ctx)
+        async with ctx.step():
+            ctx.state["done"] = 1
+        await ctx.sleep(60)
+        LAST_STEP[ctx.run_id] = "slept"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_step_refused_on_its_delay_stops_the_attempt_in_its_wait():
+    """Fenced before its step: the write on the delay is refused, the token cancelled, and
+    the attempt stops in the middle of its sleep, committing nothing."""
+    def fence(run):
+        from harness.processes import wait_until
+        wait_until(lambda: LAST_STEP.get(f"{run.id}:waiting"), 10, "the agent to wait")
+        expire(run)
+        assert domain.attempt_expire(run_id=run.id, generation=1, max_crash_retries=0)
+        _go(run.id).set()
+
+    run, events, calls = run_agent(StepThenSleep.name, delay=0.1, during=fence)
+    from harness.processes import wait_until
+    wait_until(lambda: "attempt_step" in calls.names, 10, "the step's write on its delay")
+    assert str(run.id) not in LAST_STEP and "attempt_finish" not in calls.names
+    assert (run.error, run.steps) == ("worker lost", 0)
+    assert [event.kind for event in events] == ["created", "started", "ended"]

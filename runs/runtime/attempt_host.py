@@ -89,16 +89,16 @@ class AttemptHost:
         (``step_written``), or with the end; ``ctx.usage`` and the loop guard's counts are
         set at once to what its write gives."""
         await self.step_written()  # one step waits at most
+        # The state and the event's data as they are now, not as the agent may change them
+        # before the write: their JSON, which is what is stored (what is not JSON fails
+        # here, as it did when the step was written at once).
+        state, data = json.loads(json.dumps([ctx.state, data]))
         delivered, self.delivered = self.delivered, None
         view = self.view
         usage = ctx.usage or {}
         totals = step_totals(steps=usage.get("steps") or 0, tokens=usage.get("tokens") or 0,
                              cost_usd=usage.get("cost_usd"), repeats=self.repeats,
                              max_repeats=view.max_repeats, step_tokens=tokens, data=data)
-        # The state as it is now, not as the agent may change it before the write: its
-        # JSON, which is what is stored (a state that is not JSON fails here, as it did
-        # when the step was written at once).
-        state = json.loads(json.dumps(ctx.state))
         self.pending_step = {"tokens": tokens, "agent_state": state, "data": data,
                              "actor": delivered.actor if delivered else None,
                              "source": (delivered and delivered.source) or "worker"}
@@ -123,10 +123,10 @@ class AttemptHost:
         ``step``), or None, once the write begun last is done (``Fenced`` if it was
         refused). It stays pending, no more on a delay, until ``step_ended`` says the end
         took it, or ``step_written`` writes it alone."""
+        if self._step_timer is not None:
+            self._step_timer.cancel()  # first: no write of it alone begins while we wait
         if self._step_write is not None:
             await asyncio.shield(self._step_write)
-        if self._step_timer is not None:
-            self._step_timer.cancel()
         return self.pending_step
 
     def step_ended(self) -> None:
