@@ -290,3 +290,52 @@ def test_the_loop_guard_counts_direct_tool_calls_too():
     steps = Event.objects.filter(run_id=run.id, kind="step").order_by("seq")
     assert [[tool["digest"] for tool in step.data["tools"]] for step in steps] == [
         [digest], [digest]]
+
+
+SEEN_USAGE = {}  # run id -> the usage the agent saw after each step
+
+
+@register
+class Spending(Agent):
+    """Steps that each call a priced model and a tool until its cost budget stops it,
+    noting ``ctx.usage`` after each step (the step may not be written yet then)."""
+
+    name = "test.budgets.spending"
+
+    async def run(self, ctx):
+        seen = SEEN_USAGE.setdefault(ctx.run_id, [])
+        while True:
+            async with ctx.step():
+                ctx.model_call(model="mine", ms=1.0, prompt_tokens=1000, completion_tokens=700)
+                await ctx.tool(looked_up, order=f"E-{len(seen) % 2}")
+            seen.append(dict(ctx.usage))
+
+
+@pytest.mark.postgres  # an executor's threads and this one: SQLite's shared cache locks tables
+@pytest.mark.django_db(transaction=True)
+def test_the_usage_an_agent_sees_after_a_step_is_the_committed_one(settings):
+    """Whether its step is written yet or not, the usage the agent and the budget checks
+    see after a step is what the step commits, and the cost budget stops the run where
+    the committed figures say."""
+    from harness.processes import wait_until
+    from runs.models import Event
+    from runs.runtime.executor import Executor
+
+    settings.AWAKEN_MODEL_PRICES = '{"mine": {"input": 1.5, "output": 2.5}}'
+    run, _ = domain.run_create(agent=Spending.name, input={}, dispatch=False,
+                               budget={"max_cost_usd": 0.01, "max_repeats": 100})
+    executor = Executor(node="spending", lease_seconds=3600, db_threads=1)
+    try:
+        assert executor.start([run.id]) == 1
+        run = wait_until(lambda: (lambda r: r if r.state == "ended" else None)(
+            Run.objects.get(pk=run.id)), 20, "the cost budget to stop the run")
+    finally:
+        executor.close()
+    committed, steps, tokens, cost = [], 0, 0, 0.0
+    for step in Event.objects.filter(run_id=run.id, kind="step").order_by("seq"):
+        steps, tokens, cost = steps + 1, tokens + step.data["tokens"], cost + step.data["cost_usd"]
+        committed.append({"steps": steps, "tokens": tokens, "cost_usd": cost})
+    assert SEEN_USAGE[str(run.id)] == committed
+    assert (run.steps, run.tokens, run.cost_usd) == (steps, tokens, cost)
+    assert run.stop_code == "max_cost" and cost >= 0.01 > cost - committed[0]["cost_usd"]
+    assert len(run.repeats) == 2 and sum(run.repeats.values()) == steps

@@ -3,6 +3,7 @@
 import json
 import uuid
 from datetime import timedelta
+from functools import partial
 from unittest import mock
 
 import pytest
@@ -415,3 +416,167 @@ def test_an_output_past_the_cap_ends_the_run_failed_saying_so(settings):
     run = Run.objects.get(pk=run.id)
     assert (run.end_cause, run.output) == ("failed", None)
     assert "AWAKEN_MAX_OUTPUT_BYTES (1024)" in run.error
+
+
+# --- an attempt's last step written with its end ------------------------------------------------
+
+LAST_STEP = {"tokens": 9, "agent_state": {"i": 2}, "actor": None, "source": "worker",
+             "data": {"replies": [{"model": "mine", "usage": {"prompt": 10, "completion": 20}}],
+                      "tools": [{"name": "look", "digest": "d1"}]}}
+
+
+def stop_asked(**budget) -> tuple[Run, int]:
+    """A running run whose stop is asked, not taken yet by its attempt."""
+    run, generation = running_run(budget=budget or None)
+    domain.run_stop(run_id=run.id, reason="enough", actor="olga", source="api")
+    return run, generation
+
+
+def ended_by_two_writes(**budget) -> Run:
+    run, generation = stop_asked(**budget)
+    domain.attempt_step(run_id=run.id, generation=generation, **LAST_STEP)
+    assert domain.attempt_finish(run_id=run.id, generation=generation,
+                                 ending=Ending.completed({"a": 1}))
+    return Run.objects.get(pk=run.id)
+
+
+def ended_with_its_step(**budget) -> Run:
+    run, generation = stop_asked(**budget)
+    assert domain.attempt_finish(run_id=run.id, generation=generation,
+                                 ending=Ending.completed({"a": 1}), step=LAST_STEP)
+    return Run.objects.get(pk=run.id)
+
+
+def what_was_pushed(monkeypatch, django_capture_on_commit_callbacks, end) -> list:
+    """The runs' changes pushed to the sockets once the transitions commit, in order: the
+    event's kind and version, and the run's state, steps and request as pushed."""
+    from runs.domain import outside
+    from runs.domain.representation import run_data
+
+    pushed = []
+
+    class Changes:
+        def publish_changes(self, *, changes):
+            for run, event in changes:
+                data = run_data(run)
+                control = data["control"] and (data["control"]["action"],
+                                               data["control"]["applied_at"] is not None)
+                pushed.append((event.kind, event.version, data["state"],
+                               data["usage"]["steps"], control))
+
+    monkeypatch.setattr(outside, "changes", Changes())
+    with django_capture_on_commit_callbacks(execute=True):
+        run = end()
+    return run, pushed
+
+
+def test_a_last_step_written_with_the_end_is_what_its_own_write_was(
+        settings, monkeypatch, django_capture_on_commit_callbacks):
+    """The same run, the same events in the same order, the same pushes after commit."""
+    settings.AWAKEN_MODEL_PRICES = '{"mine": {"input": 1, "output": 3}}'
+    alone, pushed_alone = what_was_pushed(monkeypatch, django_capture_on_commit_callbacks,
+                                          lambda: ended_by_two_writes(max_repeats=3))
+    together, pushed_together = what_was_pushed(
+        monkeypatch, django_capture_on_commit_callbacks,
+        lambda: ended_with_its_step(max_repeats=3))
+    assert pushed_together == pushed_alone
+    assert pushed_together[-3:] == [("stop_requested", 3, "running", 0, ("stop", False)),
+                                    ("step", 4, "running", 1, ("stop", False)),
+                                    ("ended", 5, "ended", 1, ("stop", True))]
+    columns = ("state", "end_cause", "output", "steps", "tokens", "cost_usd", "repeats",
+               "agent_state", "version")
+    assert ([getattr(together, name) for name in columns]
+            == [getattr(alone, name) for name in columns])
+    assert together.cost_usd == pytest.approx((10 * 1 + 20 * 3) / 1e6)
+    assert together.repeats == {"d1": 1}
+
+    def events(run):
+        return [(event.kind, event.version, event.state, event.data) for event
+                in Event.objects.filter(run=run).order_by("seq")]
+
+    assert events(together) == events(alone)
+    assert_versions_contiguous(together)
+
+
+def test_the_step_rule_reckons_what_the_write_gives(settings):
+    """``step_totals``, the rule a worker reckons a step not written yet by, is the one the
+    write applies: priced, unpriced (the cost unknown from then on), loop guard counts."""
+    from runs.domain.attempts import step_totals
+
+    settings.AWAKEN_MODEL_PRICES = '{"mine": {"input": 1, "output": 3}}'
+    run, generation = running_run(budget={"max_repeats": 5})
+    reckoned = {"steps": 0, "tokens": 0, "cost_usd": 0.0, "repeats": {}}
+    for model in ("mine", "mine", "nobody's", "mine"):
+        data = {"replies": [{"model": model, "usage": {"prompt": 7, "completion": 11}}],
+                "tools": [{"name": "look", "digest": "d1"}, {"name": "x", "digest": "d2"}]}
+        totals = step_totals(**reckoned, max_repeats=5, step_tokens=18, data=data)
+        reckoned = {"steps": totals.steps, "tokens": totals.tokens,
+                    "cost_usd": totals.cost_usd, "repeats": totals.repeats}
+        written = domain.attempt_step(run_id=run.id, generation=generation, tokens=18,
+                                      data=data)
+        assert reckoned == {"steps": written.steps, "tokens": written.tokens,
+                            "cost_usd": written.cost_usd, "repeats": written.repeats}
+    assert reckoned["cost_usd"] is None and reckoned["repeats"] == {"d1": 4, "d2": 4}
+
+
+@pytest.mark.parametrize("moved_on", ["ended", "newer attempt"])
+def test_a_last_step_of_an_attempt_no_longer_live_is_refused_with_its_end(moved_on):
+    run, generation = running_run()
+    if moved_on == "ended":
+        domain.run_cancel(run_id=run.id, actor="olga", source="api")
+        domain.attempt_interrupted(run_id=run.id, generation=generation)
+    else:
+        Attempt.objects.filter(run=run).update(lease_expires_at=timezone.now()
+                                               - timedelta(minutes=5))
+        assert domain.attempt_expire(run_id=run.id, generation=generation,
+                                     max_crash_retries=3) == "requeued"
+        domain.attempt_start(run_id=run.id, owner=OWNER, lease_seconds=30)
+    before = db_state()
+    assert not domain.attempt_finish(run_id=run.id, generation=generation,
+                                     ending=Ending.completed({"late": True}), step=LAST_STEP)
+    assert db_state() == before
+    with pytest.raises(domain.Fenced):  # as the step's own write is
+        domain.attempt_step(run_id=run.id, generation=generation, **LAST_STEP)
+
+
+def commits_of(end, tries: int = 3) -> int:
+    """The transactions PostgreSQL commits on this connection while ``end(i)`` runs, less
+    those of the measure itself: its statistics, flushed at once. They count the whole
+    database, and another connection's may come in late, so only ever more: the fewest of
+    ``tries`` is the count."""
+    from django.db import connection
+
+    def committed():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+            cursor.execute("SELECT xact_commit FROM pg_stat_database "
+                           "WHERE datname = current_database()")
+            return cursor.fetchone()[0]
+
+    def measured(work) -> int:
+        first = committed()
+        work()
+        return committed() - first
+
+    empty = min(measured(lambda: None) for _ in range(tries))
+    return min(measured(partial(end, i)) for i in range(tries)) - empty
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_last_step_and_the_end_commit_in_one_transaction_not_two():
+    """Counted by PostgreSQL itself: the step's own write is one transaction more."""
+    alone = [running_run()[0] for _ in range(3)]
+    folded = [running_run()[0] for _ in range(3)]
+
+    def two_writes(i):
+        domain.attempt_step(run_id=alone[i].id, generation=1, **LAST_STEP)
+        domain.attempt_finish(run_id=alone[i].id, generation=1, ending=Ending.completed())
+
+    def together(i):
+        domain.attempt_finish(run_id=folded[i].id, generation=1, ending=Ending.completed(),
+                              step=LAST_STEP)
+
+    assert (commits_of(two_writes), commits_of(together)) == (2, 1)
+    for run in alone + folded:
+        assert kinds(run)[-2:] == ["step", "ended"]

@@ -17,7 +17,7 @@ from runs import domain
 from runs.domain import selectors
 from runs.domain.actions import action_digest
 from runs.models import Attempt, ControlIntent, Event, Run, RunState
-from runs.runtime.agent import Context
+from runs.runtime.agent import Agent, Context, register
 from runs.runtime.registry import Entry, Registry
 from runs.runtime.token import CancellationToken, Why
 from runs.workers import commands
@@ -637,3 +637,215 @@ def test_the_old_names_of_the_broker_thread_settings_are_read_with_a_warning(mon
     with pytest.warns(DeprecationWarning):
         envrenamed("AWAKEN_BROKER_THREADS", "AWAKEN_COURIER_THREADS")
     assert os.environ["AWAKEN_BROKER_THREADS"] == "3"
+
+
+# --- an agent's last step goes with its end; other steps are durable before anything acts -------
+
+LAST_STEP = {}  # what the agents below saw, by run id
+
+
+def steps_committed(run_id) -> int:
+    """A tool: how many of the run's steps are committed, as another connection sees it."""
+    try:
+        return Run.objects.get(pk=run_id).steps
+    finally:
+        connection.close()  # the tool's thread keeps no connection
+
+
+def _go(run_id) -> threading.Event:
+    return LAST_STEP.setdefault(f"{run_id}:go", threading.Event())
+
+
+async def _wait_to_go(ctx) -> None:
+    """Wait (not through the host) until the test lets the agent go on."""
+    LAST_STEP[f"{ctx.run_id}:waiting"] = True
+    assert await asyncio.get_running_loop().run_in_executor(None, _go(ctx.run_id).wait, 20)
+
+
+@register
+class OneStep(Agent):
+    """One step, then the answer: its step commits with its end."""
+
+    name = "test.edges.one_step"
+
+    async def run(self, ctx):
+        async with ctx.step():
+            ctx.state["done"] = 1
+        ctx.state["after"] = "not kept"  # changed after the step: not in its checkpoint
+        LAST_STEP[ctx.run_id] = dict(ctx.usage)
+        if ctx.input.get("crash"):
+            raise RuntimeError("crashed after its step")
+        if ctx.input.get("wait"):
+            await _wait_to_go(ctx)
+        return {"steps": ctx.usage["steps"]}
+
+
+@register
+class StepThenTool(Agent):
+    """A step, then a tool that reads how many steps are committed."""
+
+    name = "test.edges.step_then_tool"
+
+    async def run(self, ctx):
+        async with ctx.step():
+            ctx.state["done"] = 1
+        if ctx.input.get("wait"):
+            await _wait_to_go(ctx)
+        seen = await ctx.tool(steps_committed, ctx.run_id)
+        LAST_STEP[ctx.run_id] = seen
+        return {"seen": seen}
+
+
+class Calls:
+    """The domain calls an executor makes (each its own transaction), by name."""
+
+    def __init__(self, executor):
+        self.names, self.steps = [], []
+        db = executor.worker_loop.db
+
+        async def recorded(fn, /, **kwargs):
+            if fn.__name__.startswith("attempt_"):
+                self.names.append(fn.__name__)
+            if fn.__name__ == "attempt_finish":
+                self.steps.append(kwargs.get("step"))
+            return await db(fn, **kwargs)
+
+        executor.worker_loop.db = recorded
+
+
+def run_agent(agent: str, *, input=None, delay: float = 60.0, during=None, **budget):
+    """Run ``agent`` on an executor of its own until the run ends (``during(run)`` while it
+    runs); the run, its events and the domain calls of the attempt. ``delay``: how long a
+    committed step may wait to be written (long: only the boundaries write it)."""
+    from harness.processes import wait_until
+    from runs.runtime.attempt_host import AttemptHost
+    from runs.runtime.executor import Executor
+
+    run, _ = domain.run_create(agent=agent, input=input or {}, dispatch=False,
+                               budget=budget or None)
+    executor = Executor(node="edges-last-step", lease_seconds=3600, db_threads=2)
+    calls = Calls(executor)
+    before, AttemptHost.STEP_DELAY = AttemptHost.STEP_DELAY, delay
+    try:
+        assert executor.start([run.id]) == 1
+        if during is not None:
+            during(run)
+        wait_until(lambda: Run.objects.get(pk=run.id).state == RunState.ENDED, 20,
+                   "the run to end")
+        wait_until(lambda: len(executor.registry) == 0, 20, "the attempt to end")
+    finally:
+        AttemptHost.STEP_DELAY = before
+        executor.close()
+    events = list(Event.objects.filter(run_id=run.id).order_by("seq"))
+    return Run.objects.get(pk=run.id), events, calls
+
+
+def versions_of(events) -> list[tuple]:
+    return [(event.kind, event.version) for event in events]
+
+
+@pytest.mark.postgres  # an executor's threads and this one: SQLite's shared cache locks tables
+@pytest.mark.django_db(transaction=True)
+def test_the_last_step_commits_with_the_end_in_one_domain_call():
+    """No write of its own for the last step: the end's transaction writes it, its event
+    first; the checkpoint is the state at the step, the usage the agent saw what committed."""
+    run, events, calls = run_agent(OneStep.name)
+    assert "attempt_step" not in calls.names and calls.names.count("attempt_finish") == 1
+    assert calls.steps[0]["agent_state"] == {"done": 1}
+    assert versions_of(events) == [("created", 1), ("started", 2), ("step", 3), ("ended", 4)]
+    assert (run.end_cause, run.output, run.steps, run.agent_state) == (
+        "completed", {"steps": 1}, 1, {"done": 1})
+    assert LAST_STEP[str(run.id)] == {"steps": 1, "tokens": 0, "cost_usd": 0.0}
+    assert run.cost_usd == 0.0
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_step_not_followed_by_a_boundary_is_written_after_the_short_delay():
+    """An agent that computes on after its step (no call of the host) has its step
+    committed alone, within the delay, while it still runs."""
+    def once_written(run):
+        from harness.processes import wait_until
+        wait_until(lambda: Event.objects.filter(run_id=run.id, kind="step").exists(), 10,
+                   "the step to be written on its delay")
+        assert Run.objects.get(pk=run.id).state == RunState.RUNNING
+        _go(run.id).set()
+
+    run, events, calls = run_agent(OneStep.name, input={"wait": True}, delay=0.1,
+                                   during=once_written)
+    assert calls.names.count("attempt_step") == 1 and calls.steps == [None]
+    assert versions_of(events)[2:] == [("step", 3), ("ended", 4)]
+    assert run.end_cause == "completed"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_step_followed_by_a_tool_is_durable_before_the_tool_runs():
+    run, events, calls = run_agent(StepThenTool.name)
+    assert LAST_STEP[str(run.id)] == 1 and run.output == {"seen": 1}
+    assert calls.names.index("attempt_step") < calls.names.index("attempt_finish")
+    assert [event.kind for event in events][2:] == ["step", "ended"]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_attempt_fenced_after_its_step_stops_at_the_tool_and_never_runs_it():
+    """The run moved on while the step waited to be written: the write is refused at the
+    tool's boundary, the tool never runs, and the attempt commits nothing more."""
+    def fence(run):
+        from harness.processes import wait_until
+        wait_until(lambda: LAST_STEP.get(f"{run.id}:waiting"), 10, "the step to be taken")
+        expire(run)
+        assert domain.attempt_expire(run_id=run.id, generation=1, max_crash_retries=0)
+        _go(run.id).set()
+
+    run, events, calls = run_agent(StepThenTool.name, input={"wait": True}, during=fence)
+    assert str(run.id) not in LAST_STEP  # the tool never ran
+    assert "attempt_finish" not in calls.names and calls.names.count("attempt_step") == 1
+    assert (run.end_cause, run.error, run.steps) == ("failed", "worker lost", 0)
+    assert [event.kind for event in events] == ["created", "started", "ended"]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_crash_after_a_step_commits_the_step_then_the_failure():
+    run, events, calls = run_agent(OneStep.name, input={"crash": True})
+    assert calls.names == ["attempt_step", "attempt_finish"] and calls.steps == [None]
+    assert versions_of(events)[2:] == [("step", 3), ("ended", 4)]
+    assert (run.end_cause, run.steps, run.agent_state) == ("failed", 1, {"done": 1})
+    assert "crashed after its step" in run.error
+
+
+@register
+class StepThenSleep(Agent):
+    """Waits to be let go, takes a step, then sleeps (a wait of the context's own, not a
+    call of the host)."""
+
+    name = "test.edges.step_then_sleep"
+
+    async def run(self, ctx):
+        await _wait_to_go(ctx)
+        async with ctx.step():
+            ctx.state["done"] = 1
+        await ctx.sleep(60)
+        LAST_STEP[ctx.run_id] = "slept"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_step_refused_on_its_delay_stops_the_attempt_in_its_wait():
+    """Fenced before its step: the write on the delay is refused, the token cancelled, and
+    the attempt stops in the middle of its sleep, committing nothing."""
+    def fence(run):
+        from harness.processes import wait_until
+        wait_until(lambda: LAST_STEP.get(f"{run.id}:waiting"), 10, "the agent to wait")
+        expire(run)
+        assert domain.attempt_expire(run_id=run.id, generation=1, max_crash_retries=0)
+        _go(run.id).set()
+
+    run, events, calls = run_agent(StepThenSleep.name, delay=0.1, during=fence)
+    from harness.processes import wait_until
+    wait_until(lambda: "attempt_step" in calls.names, 10, "the step's write on its delay")
+    assert str(run.id) not in LAST_STEP and "attempt_finish" not in calls.names
+    assert (run.error, run.steps) == ("worker lost", 0)
+    assert [event.kind for event in events] == ["created", "started", "ended"]

@@ -5,6 +5,7 @@ longer the run's live one (an older generation, a run that moved on) changes not
 writes raise ``Fenced`` and the finish boundary answers False.
 """
 
+import copy
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -135,47 +136,85 @@ def attempt_step(*, run_id, generation: int, tokens: int = 0, agent_state=None,
     step's tool calls (``data["tools"]``, by ``digest``) are added to the run's counts.
     ``actor`` and ``source``: who caused the step, when a live delivery (a message or a
     wake) led to it. ``activity``: the attempt's entries since its last transition, written
-    in the step's statement (and all the same if the attempt is fenced)."""
-    data = dict(data or {})
+    in the step's statement (and all the same if the attempt is fenced). (``step_totals``
+    is the arithmetic.)"""
     activity = list(activity)
     with transaction.atomic():
         run = _locked_current(run_id, generation, activity)
         if run is not None:
-            _step(run, tokens=tokens, agent_state=agent_state, data=data, actor=actor,
-                  source=source, activity=activity)
+            _record_step(run, tokens=tokens, agent_state=agent_state, data=data, actor=actor,
+                         source=source, activity=activity)
     if run is None:
         raise _fenced(run_id, generation)
     return run
 
 
-def _step(run: Run, *, tokens: int, agent_state, data: dict, actor, source,
-          activity: list[dict]) -> None:
-    run.steps += 1
-    run.tokens += max(0, int(tokens))
-    run.agent_state = agent_state
-    fields = ["steps", "tokens", "agent_state"]
+@dataclass(frozen=True)
+class StepTotals:
+    """What a step makes of a run's usage (``step_totals``)."""
+
+    steps: int
+    tokens: int
+    cost_usd: float | None
+    repeats: dict | None  # the loop guard's counts; None: not counted (no max_repeats)
+    step_cost: float | None  # the step's own model calls; None if it made none
+    unpriced: list  # the models among them that have no price
+
+
+def step_totals(*, steps: int, tokens: int, cost_usd: float | None, repeats: dict | None,
+                max_repeats: int | None, step_tokens: int = 0,
+                data: dict | None = None) -> StepTotals:
+    """The run's usage once one more step with ``step_tokens`` and its event's ``data``
+    is added to ``steps``, ``tokens``, ``cost_usd`` and ``repeats`` (the rule of
+    ``attempt_step``). Pure: a worker's host reckons a step it has not written yet with
+    it, and gets what the write will give."""
+    data = data or {}
+    step_cost, unpriced = None, []
     replies = data.get("replies") or []
     if replies:
-        cost, unpriced = prices.replies_cost(replies)
-        data["cost_usd"] = None if unpriced else cost
+        step_cost, unpriced = prices.replies_cost(replies)
         if unpriced:
-            data["unpriced_models"] = unpriced
+            cost_usd = None
+        elif cost_usd is not None:
+            cost_usd += step_cost
+    digests = [call["digest"] for call in data.get("tools") or () if call.get("digest")]
+    counted = None
+    if digests and max_repeats is not None:
+        counted = dict(repeats or {})
+        for digest in digests:
+            counted[digest] = counted.get(digest, 0) + 1
+    return StepTotals(steps=steps + 1, tokens=tokens + max(0, int(step_tokens)),
+                      cost_usd=cost_usd, repeats=counted, step_cost=step_cost,
+                      unpriced=unpriced)
+
+
+def _record_step(run: Run, *, tokens: int = 0, agent_state=None, data: dict | None = None,
+                 actor: str | None = None, source: str = "worker",
+                 activity: list[dict]) -> None:
+    """Write one step of the locked ``run``'s live attempt: its changes, its ``step``
+    event and the attempt's ``activity`` before it, in one statement (``attempt_step``;
+    ``attempt_finish`` writes an attempt's last step so)."""
+    data = dict(data or {})
+    totals = step_totals(steps=run.steps, tokens=run.tokens, cost_usd=run.cost_usd,
+                         repeats=run.repeats, max_repeats=run.max_repeats,
+                         step_tokens=tokens, data=data)
+    run.steps, run.tokens = totals.steps, totals.tokens
+    run.agent_state = agent_state
+    fields = ["steps", "tokens", "agent_state"]
+    if totals.step_cost is not None:
+        data["cost_usd"] = None if totals.unpriced else totals.step_cost
+        if totals.unpriced:
+            data["unpriced_models"] = totals.unpriced
             if run.cost_usd is not None:
                 activity.append({
                     "kind": ActivityKind.WARNING,
-                    "text": f"Cost unknown: no price for model {', '.join(unpriced)} "
+                    "text": f"Cost unknown: no price for model {', '.join(totals.unpriced)} "
                             "(set AWAKEN_MODEL_PRICES).",
-                    "data": {"unpriced_models": unpriced}})
-            run.cost_usd = None
-        elif run.cost_usd is not None:
-            run.cost_usd += cost
+                    "data": {"unpriced_models": totals.unpriced}})
+        run.cost_usd = totals.cost_usd
         fields.append("cost_usd")
-    digests = [call["digest"] for call in data.get("tools") or () if call.get("digest")]
-    if digests and run.max_repeats is not None:
-        repeats = dict(run.repeats or {})
-        for digest in digests:
-            repeats[digest] = repeats.get(digest, 0) + 1
-        run.repeats = repeats
+    if totals.repeats is not None:
+        run.repeats = totals.repeats
         fields.append("repeats")
     record(run, EventKind.STEP, fields=tuple(fields), actor=actor, source=source,
            data={"step": run.steps, "tokens": tokens, **data}, activity=activity)
@@ -302,15 +341,34 @@ def _pause(run: Run, *, reason, prompt, schema, agent_state, actor, source, acti
 
 def attempt_finish(*, run_id, generation: int, ending: Ending, actor: str | None = None,
                    source: str | None = "worker", trace: Trace | None = None,
-                   activity: list[dict] = ()) -> bool:
+                   step: dict | None = None, activity: list[dict] = ()) -> bool:
     """Finish the run from its live attempt. False: the result is late and is dropped.
     ``trace`` (``runs.domain.receipts``): the attempt's, for the receipt of a request that
     is pending; ``activity``: its entries since its last transition, written in the
-    boundary's statement; the same for the transitions below."""
+    boundary's statement; the same for the transitions below.
+
+    ``step``: the attempt's last step, not written yet (``attempt_step``'s arguments but
+    the run's and the generation): written first in the same transaction, its ``step``
+    event (with the activity) before the ``ended`` one. It is refused with the end when
+    the attempt is not the live one any more, as ``attempt_step`` would refuse it alone."""
     with transaction.atomic():
         run = locked_run(run_id)
+        if step is not None and run.state == RunState.RUNNING and run.generation == generation:
+            _record_step(run, **step, activity=list(activity))
+            run, activity = _apart(run), ()  # the step's statement wrote the activity
+        # Refused (with its step, if any): the activity is written all the same.
         return finish(run, ending, generation=generation, actor=actor, source=source,
                       trace=trace, activity=activity)
+
+
+def _apart(run: Run) -> Run:
+    """The locked ``run`` for the next transition of the same transaction: a copy (with
+    its control intent's), so the change pushed after commit for the one before shows the
+    run as that one left it, as when each was a transaction of its own."""
+    later = copy.copy(run)
+    if run.control_id is not None:
+        later.control = copy.copy(run.control)
+    return later
 
 
 def attempt_interrupted(*, run_id, generation: int, actor: str | None = None,

@@ -159,13 +159,24 @@ class Executor:
             ctx.check()  # a cancel that arrived before any work started
             output = await CATALOGUE[view.agent]().run(ctx)
             ctx.check()  # a cancel applied while the agent returned wins over its result
+            # The agent's last step, if it is not written yet, and what it did since its
+            # last transition are written with the end.
+            step = await host.last_step()
             noted = await host.activity_log.taken()
-            await db(domain.attempt_finish, run_id=run_id, generation=generation,
-                     ending=Ending.completed(output), trace=ctx.stop_trace(), activity=noted)
+            finished = await db(domain.attempt_finish, run_id=run_id, generation=generation,
+                                ending=Ending.completed(output), trace=ctx.stop_trace(),
+                                step=step, activity=noted)
+            host.step_ended()
+            if step is not None and not finished:  # refused as its step would be alone
+                token.cancel(Why("fenced"))
+                outcome = "fenced"
         except Interrupted as stop:
             kind = stop.why.kind if stop.why else "command"
             outcome = "interrupted" if kind in ("command", "parent") else kind
             try:
+                if kind != "fenced" and not await self._step_alone(host):
+                    outcome = "fenced"
+                    return
                 trace = await self._trace(ctx)
                 # What the attempt did, the call it was stopped in included, is written
                 # with its end, so the page drawn for the end shows it.
@@ -177,6 +188,9 @@ class Executor:
                               generation)
         except BudgetExceeded as budget:
             outcome = "budget"
+            if not await self._step_alone(host):
+                outcome = "fenced"
+                return
             trace = await self._trace(ctx)
             await db(domain.attempt_budget_reached, run_id=run_id, generation=generation,
                      code=budget.code, reason=budget.reason, digest=budget.digest,
@@ -189,6 +203,9 @@ class Executor:
             log.info("run %s attempt %s failed", run_id, generation, exc_info=True)
             summary = error_text = f"{type(error).__name__}: {error}"
             outcome = "failed"
+            if not await self._step_alone(host):
+                outcome = "fenced"
+                return
             if ctx is not None:  # the traceback goes to the activity log, with the end
                 ctx.record_activity("error", text=summary, data={
                     "traceback": traceback.format_exc()[-activity.TRACEBACK:]})
@@ -205,6 +222,19 @@ class Executor:
             self.children.forget(parent_id=run_id, parent_generation=generation)
             self.registry.unregister(run_id, generation)
             entry.trace.end(outcome, error_text)
+
+    async def _step_alone(self, host: AttemptHost) -> bool:
+        """Write the attempt's pending step before an end that does not take it (a stop,
+        a budget, a failure): the step, then the end, as the agent made them. False if
+        the step is refused: the attempt is fenced, and commits nothing more."""
+        try:
+            await host.step_written()
+        except Fenced:
+            return False
+        except Exception:  # the step's write failed: the end is written without it
+            log.warning("run %s: could not write the step before its end", host.entry.run_id,
+                        exc_info=True)
+        return True
 
     SETTLE_SECONDS = 2.0  # what a stopped attempt waits for its calls to close, at most
 

@@ -40,7 +40,9 @@ class Host(Protocol):
     async def commit_step(self, ctx: Context, *, tokens: int,
                           data: dict | None = None) -> None:
         """Commit the step with ``ctx.state``, ``tokens`` used and its event's ``data``;
-        set ``ctx.usage`` to the run's totals as committed."""
+        set ``ctx.usage`` to the run's totals as committed. The worker's host may write it
+        later (at the next boundary, or with the end), never after anything that may act
+        on the world, and sets ``ctx.usage`` to what the write gives at once."""
 
     async def fence(self, ctx: Context) -> None:
         """Before a tool starts: cancel the token if a cancel or stop of the run is
