@@ -17,8 +17,11 @@ log = logging.getLogger(__name__)
 
 # How long an entry waits for the transition it precedes. A step's entries (its progress,
 # its lines, its calls) and its checkpoint then cost one transaction instead of one for
-# each burst of entries, and the page sees an entry at most this late.
-INTERVAL = 0.2
+# each burst of entries, and the page sees an entry at most this late. It is long enough
+# for a burst of work: with 50 runs claimed at once, a worker's steps wait their turn for a
+# database thread for some tenths of a second, and a shorter wait wrote each run's entries
+# in a transaction of their own just then (statement log, bench lifecycle in batches).
+INTERVAL = 1.0
 FLUSH_SECONDS = 5  # how long a transition waits for a write under way before it
 
 
