@@ -305,3 +305,29 @@ def test_write_reads_a_field_as_its_pre_save_does_unless_it_stamps_it():
                 assert sql._reads_attribute(field, add) is not stamps, (field.name, add)
                 if not stamps:
                     assert field.pre_save(instance, add) is getattr(instance, field.attname)
+
+
+def test_a_new_row_takes_each_value_and_default_as_the_constructor_does():
+    run = queued_run()
+    other = queued_run()
+    shapes = [
+        (Event, {"run": run, "version": 2, "kind": EventKind.STEP, "state": run.state,
+                 "generation": 0, "data": {"n": 1}}),
+        (Event, {"run_id": run.pk, "version": 2, "kind": EventKind.STEP, "state": run.state}),
+        (Attempt, {"run": run, "generation": 1, "owner": "w:1"}),
+        (Run, {"agent": "demo.steps", "input": {}, "parent": other, "version": 1}),
+        (Run, {"agent": "demo.steps", "parent": None, "rerun_of_id": other.pk}),
+    ]
+    for model, values in shapes:
+        mine, theirs = sql.new(model, **values), model(**values)
+        for field in model._meta.concrete_fields:
+            a, b = getattr(mine, field.attname), getattr(theirs, field.attname)
+            if callable(field.default) and field.attname not in values and (
+                    field.name not in values):
+                assert type(a) is type(b), (model.__name__, field.name)  # made per row
+            else:
+                assert a == b and type(a) is type(b), (model.__name__, field.name, a, b)
+    with pytest.raises(ValueError):  # a related row of another model is refused as before
+        sql.new(Event, run=Attempt(run=run), version=2, kind=EventKind.STEP)
+    with pytest.raises(TypeError):  # and what is no field
+        sql.new(Event, run=run, nothing=1)

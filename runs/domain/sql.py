@@ -42,15 +42,42 @@ def new(model, **values):
     """A new row of ``model`` made as its constructor makes it (defaults applied), in the
     state the ORM leaves an instance in once it is saved (``Model.from_db``): the row is
     written by ``write``'s ``Insert`` in the same transaction. Related objects given in
-    ``values`` stay cached on it."""
-    made = model(**values)
-    names = [f.attname for f in model._meta.concrete_fields]
-    row = model.from_db(router.db_for_write(model), names, [getattr(made, n) for n in names])
+    ``values`` stay cached on it (set through the field's descriptor, which checks them).
+    Values given by fields' names are taken as the constructor takes them, without making
+    an instance first; anything else is given to the constructor."""
+    names, fields, known = _making(model)
+    if known.issuperset(values) and not any(
+            f.attname in values and f.name in values for f in fields if f.is_relation):
+        columns = [_initial(f, values) for f in fields]
+    else:  # anything else the constructor takes (or refuses)
+        made = model(**values)
+        columns = [getattr(made, n) for n in names]
+    row = model.from_db(router.db_for_write(model), names, columns)
     for name, value in values.items():
         field = model._meta.get_field(name)
         if field.is_relation and name == field.name:
             setattr(row, name, value)
     return row
+
+
+@cache
+def _making(model) -> tuple[list, list, frozenset]:
+    """The attribute names of ``model``'s concrete fields, the fields, and the names a value
+    may be given by: each field's name and its attribute name (``run`` and ``run_id``)."""
+    fields = list(model._meta.concrete_fields)
+    return ([f.attname for f in fields], fields,
+            frozenset(n for f in fields for n in (f.name, f.attname)))
+
+
+def _initial(field, values: dict):
+    """The value the constructor gives ``field`` from ``values``: the value given by its
+    attribute name, or the key of the related row given by its name, or its default."""
+    if field.attname in values:
+        return values[field.attname]
+    if field.name in values:  # a related row (its key is read as the descriptor reads it)
+        related = values[field.name]
+        return None if related is None else getattr(related, field.target_field.attname)
+    return field.get_default()
 
 
 # --- reads ------------------------------------------------------------------------------------
@@ -374,11 +401,13 @@ def _preparer(field):
         return in_full
     if (kind.get_db_prep_value is models.IntegerField.get_db_prep_value
             and kind.get_prep_value is models.IntegerField.get_prep_value):
-        internal = field.get_db_prep_value  # prepared: int(value) is value for an int
+        # IntegerField.get_db_prep_value: int(value) is the value itself for an int, which
+        # the backend then adapts (on PostgreSQL, wrapped in the driver's type of its size).
+        internal_type = field.get_internal_type()
 
         def integer(value):
             if type(value) is int:
-                return internal(value, connection, prepared=True)
+                return connection.ops.adapt_integerfield_value(value, internal_type)
             return in_full(value)
         return integer
     for base, prep_value_of, types in _AS_THEY_ARE:
