@@ -279,7 +279,7 @@ def test_write_prepares_every_value_as_the_field_itself_prepares_it():
             prepare = sql._preparer(field)
             for value in values:
                 with pytest.warns(RuntimeWarning) if _naive_for(field, value) else nullcontext():
-                    mine = _outcome(prepare, value)
+                    mine = _outcome(partial(prepare, db=connection), value)
                 with pytest.warns(RuntimeWarning) if _naive_for(field, value) else nullcontext():
                     theirs = _outcome(partial(field.get_db_prep_save, connection=connection),
                                       value)

@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass
 from functools import cache
 
-from django.db import connection, models, router
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models, router
 
 
 def quoted(name: str) -> str:
@@ -283,24 +283,25 @@ def write(*parts) -> list:
         return _write_by_orm(writes, reads)
 
     shape, params = [], []
+    db = connections[DEFAULT_DB_ALIAS]  # what ``connection`` stands for, looked up once
     for part in parts:
         if isinstance(part, Update):
             model = type(part.instance)
             names = tuple(part.names)
             shape.append(("update", model, names))
-            _saved_values(params, _saving(model, names, False), (part.instance,), False)
+            _saved_values(params, _saving(model, names, False), (part.instance,), False, db)
             params.append(_prepared(model, model._meta.pk.name, part.instance.pk))
         elif isinstance(part, UpdateWhere):
             names = tuple(part.values)
             shape.append(("update_where", part.model, names, tuple(part.where)))
-            params += [prepare(value) for (_, _, prepare), value
+            params += [prepare(value, db) for (_, _, prepare), value
                        in zip(_saving(part.model, names, False), part.values.values(),
                                   strict=True)]
             params += [_prepared(part.model, n, v) for n, v in part.where.items()]
         elif isinstance(part, Insert):
             model = type(part.instances[0])
             shape.append(("insert", model, len(part.instances)))
-            _saved_values(params, _saving(model, None, True), part.instances, True)
+            _saved_values(params, _saving(model, None, True), part.instances, True, db)
         elif isinstance(part, Exists):
             shape.append(("exists", part.model, tuple(part.where)))
             params += _question_params(part)
@@ -330,13 +331,13 @@ def write(*parts) -> list:
     return answers
 
 
-def _saved_values(params: list, saving: tuple, instances, add: bool) -> None:
+def _saved_values(params: list, saving: tuple, instances, add: bool, db) -> None:
     """Append to ``params`` each field's value of each of ``instances`` as ``save`` writes
     it: ``field.get_db_prep_save(field.pre_save(instance, add), connection)``."""
     for instance in instances:
         for attname, pre_save, prepare in saving:
             params.append(prepare(getattr(instance, attname) if pre_save is None
-                                  else pre_save(instance, add)))
+                                  else pre_save(instance, add), db))
 
 
 @cache
@@ -375,16 +376,16 @@ _AS_THEY_ARE = (
 
 
 def _preparer(field):
-    """A function of one value that returns what ``field.get_db_prep_save(value,
-    connection)`` returns on PostgreSQL, without the generic steps for the values that the
-    field's own methods pass as they are (None, and the types of ``_AS_THEY_ARE``), or
-    convert without a check (an int of an integer field). Any other value or field goes
-    through ``get_db_prep_save`` itself."""
+    """A function of a value and a connection that returns what
+    ``field.get_db_prep_save(value, connection)`` returns on PostgreSQL, without the
+    generic steps for the values that the field's own methods pass as they are (None, and
+    the types of ``_AS_THEY_ARE``), or convert without a check (an int of an integer
+    field). Any other value or field goes through ``get_db_prep_save`` itself."""
     kind = type(field)
     whole = field.get_db_prep_save
 
-    def in_full(value):
-        return whole(value, connection)
+    def in_full(value, db):
+        return whole(value, db)
 
     if isinstance(field, models.ForeignKey) and (
             kind.get_db_prep_save is models.ForeignKey.get_db_prep_save):
@@ -392,10 +393,10 @@ def _preparer(field):
 
         # ForeignKey.get_db_prep_save: None, and an empty string, may be NULL; any other
         # value is prepared by the target field.
-        def related(value):
+        def related(value, db):
             if value is None:
                 return None
-            return in_full(value) if isinstance(value, str) else target(value)
+            return in_full(value, db) if isinstance(value, str) else target(value, db)
         return related
     if kind.get_db_prep_save is not models.Field.get_db_prep_save:
         return in_full
@@ -405,10 +406,10 @@ def _preparer(field):
         # the backend then adapts (on PostgreSQL, wrapped in the driver's type of its size).
         internal_type = field.get_internal_type()
 
-        def integer(value):
+        def integer(value, db):
             if type(value) is int:
-                return connection.ops.adapt_integerfield_value(value, internal_type)
-            return in_full(value)
+                return db.ops.adapt_integerfield_value(value, internal_type)
+            return in_full(value, db)
         return integer
     for base, prep_value_of, types in _AS_THEY_ARE:
         if (isinstance(field, base)
@@ -417,12 +418,12 @@ def _preparer(field):
                 and kind.to_python is base.to_python):
             aware = base is models.DateTimeField  # a naive datetime is made aware
 
-            def as_it_is(value, types=types, aware=aware):
+            def as_it_is(value, db, types=types, aware=aware):
                 if value is None:
                     return None
                 if type(value) in types and not (aware and value.utcoffset() is None):
                     return value
-                return in_full(value)
+                return in_full(value, db)
             return as_it_is
     return in_full
 
