@@ -592,6 +592,24 @@ def test_times_are_written_as_drf_writes_them(runs_of_every_shape):
                 assert when(value) == field.to_representation(value)
 
 
+def test_a_run_and_an_event_are_written_in_the_time_zone_active_as_drf_writes_them(
+        runs_of_every_shape):
+    """``run_data`` reads the current time zone once for all its times: each is what DRF
+    writes in the zone active at the call, whichever it is."""
+    field = serializers.DateTimeField()
+    run = next(run for run in runs_of_every_shape.values() if run.ended_at is not None)
+    event = Event.objects.filter(run=run).first()
+    for zone in ("UTC", "Asia/Kolkata", "America/New_York"):
+        with timezone.override(zone):
+            data = run_data(run)
+            for key in ("created_at", "updated_at", "started_at", "ended_at"):
+                assert data[key] == field.to_representation(getattr(run, key)), (zone, key)
+            assert event_data(event)["at"] == field.to_representation(event.at)
+            assert data["created_at"].endswith(
+                {"UTC": "Z", "Asia/Kolkata": "+05:30"}.get(zone, "-05:00")) or (
+                zone == "America/New_York" and data["created_at"].endswith("-04:00"))
+
+
 def test_numeric_query_parameters_take_plain_ascii_digits_only(op_client):
     """int() and float() take "١٢", " 1_0 ", "nan"; str.isdigit() takes "²": each is a 400,
     never a 500 and never a number."""

@@ -90,6 +90,68 @@ def test_one_stalled_socket_holds_up_no_other(layer):
     async_to_sync(body)()
 
 
+def test_changes_published_together_go_as_few_group_messages_and_arrive_in_order(
+        layer, monkeypatch):
+    """The messages pending at a send go as one ``batch`` group message, up to
+    ``BATCH_MESSAGES`` of them and ``BATCH_BYTES`` of their texts; a larger one alone.
+    Each follower gets every one, in the order published."""
+    from channels.layers import InMemoryChannelLayer
+    sent = []
+    group_send = InMemoryChannelLayer.group_send
+
+    async def counted(self, group, message):
+        sent.append(message)
+        await group_send(self, group, message)
+    monkeypatch.setattr(InMemoryChannelLayer, "group_send", counted)
+    run_id = str(uuid.uuid4())
+    messages = [change(str(uuid.uuid4())) for _ in range(230)]
+    messages[7] = change(run_id)
+    large = change(run_id)
+    large["text"] = json.dumps({"type": "run.changed", "pad": "x" * (300 * 1024)})
+    messages[120] = large
+    messages.append({"type": "run.output", "run_id": run_id, "text": "output"})
+
+    async def body():
+        got, theirs = [], []
+
+        async def into(box):
+            async def send(text):
+                box.append(text)
+            return send
+
+        async def nothing():
+            pass
+
+        every, one = Outbox(await into(got), nothing), Outbox(await into(theirs), nothing)
+        await stream.join(every)
+        await stream.join(one, run_id)
+        try:
+            stream.publish(messages)
+            deadline = time.monotonic() + 10
+            while len(got) < 230 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert got == [m["text"] for m in messages if m["type"] == "run.changed"]
+            while len(theirs) < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert theirs == [messages[7]["text"], large["text"], "output"]
+        finally:
+            for outbox, follows in ((every, None), (one, run_id)):
+                stream.leave(outbox, follows)
+                outbox.close()
+
+    async_to_sync(body)()
+    ours = [m for m in sent if m.get("type") != "ping"]
+    # Every message once, in order, in sends within both bounds.
+    assert [each for m in ours for each in (m["messages"] if m["type"] == "batch" else [m])
+            ] == messages
+    for m in ours:
+        if m["type"] == "batch":
+            assert 1 < len(m["messages"]) <= stream.BATCH_MESSAGES
+            assert sum(len(each["text"]) for each in m["messages"]) <= stream.BATCH_BYTES
+    assert large in ours  # alone
+    assert len(ours) <= 6
+
+
 def test_a_socket_too_far_behind_is_closed_once():
     async def body():
         overflowed = []

@@ -1,12 +1,17 @@
 """The hand-written statements of runs/domain/sql.py write and read what the ORM would."""
 
 import uuid
-from datetime import timedelta
+from contextlib import nullcontext
+from datetime import date, datetime, timedelta
+from functools import partial
+from zoneinfo import ZoneInfo
 
 import pytest
-from django.db import connection, transaction
+from django.apps import apps
+from django.db import connection, models, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from django.utils.translation import gettext_lazy
 
 from runs.domain import sql
 from runs.models import (
@@ -250,3 +255,79 @@ def test_the_statement_of_write_quotes_every_identifier():
     assert f"UPDATE {quote('runs_run')} SET {quote('state')} = %s" in statement
     assert (f"SELECT {quote('id')} FROM {quote('runs_run')} WHERE {quote('parent_id')} = %s "
             f"AND {quote('state')} <> %s") in statement
+
+
+def _outcome(prepare, value):
+    """What preparing ``value`` gives, comparable: the type and the value (a JSON wrapper's
+    object), or the exception's type."""
+    try:
+        prepared = prepare(value)
+    except Exception as error:  # noqa: BLE001 - the same failure is the same outcome
+        return ("raised", type(error))
+    return (type(prepared), getattr(prepared, "obj", prepared))
+
+
+@pytest.mark.postgres
+def test_write_prepares_every_value_as_the_field_itself_prepares_it():
+    now = timezone.now()
+    values = [None, "", "text", "7", gettext_lazy("lazy"), 0, 7, 2**40, True, False, 2.5,
+              now, now.astimezone(ZoneInfo("Asia/Kolkata")), now.replace(tzinfo=None),
+              now.date(), uuid.uuid4(), str(uuid.uuid4()), {"a": [1, "ü"]}, [1, 2]]
+    checked = 0
+    for model in apps.get_app_config("runs").get_models():
+        for field in model._meta.concrete_fields:
+            prepare = sql._preparer(field)
+            for value in values:
+                with pytest.warns(RuntimeWarning) if _naive_for(field, value) else nullcontext():
+                    mine = _outcome(partial(prepare, db=connection), value)
+                with pytest.warns(RuntimeWarning) if _naive_for(field, value) else nullcontext():
+                    theirs = _outcome(partial(field.get_db_prep_save, connection=connection),
+                                      value)
+                assert mine == theirs, (model.__name__, field.name, value)
+                checked += 1
+    assert checked > 1000
+
+
+def _naive_for(field, value) -> bool:
+    """Whether preparing ``value`` for ``field`` warns of a naive datetime (or a date)."""
+    target = field.target_field if field.is_relation else field
+    return (isinstance(target, models.DateTimeField) and isinstance(value, date)
+            and (not isinstance(value, datetime) or timezone.is_naive(value)))
+
+
+def test_write_reads_a_field_as_its_pre_save_does_unless_it_stamps_it():
+    run = queued_run()
+    for model, instance in ((Run, run), (Event, Event.objects.filter(run=run).first())):
+        for field in model._meta.concrete_fields:
+            for add in (True, False):
+                stamps = getattr(field, "auto_now", False) or (
+                    add and getattr(field, "auto_now_add", False))
+                assert sql._reads_attribute(field, add) is not stamps, (field.name, add)
+                if not stamps:
+                    assert field.pre_save(instance, add) is getattr(instance, field.attname)
+
+
+def test_a_new_row_takes_each_value_and_default_as_the_constructor_does():
+    run = queued_run()
+    other = queued_run()
+    shapes = [
+        (Event, {"run": run, "version": 2, "kind": EventKind.STEP, "state": run.state,
+                 "generation": 0, "data": {"n": 1}}),
+        (Event, {"run_id": run.pk, "version": 2, "kind": EventKind.STEP, "state": run.state}),
+        (Attempt, {"run": run, "generation": 1, "owner": "w:1"}),
+        (Run, {"agent": "demo.steps", "input": {}, "parent": other, "version": 1}),
+        (Run, {"agent": "demo.steps", "parent": None, "rerun_of_id": other.pk}),
+    ]
+    for model, values in shapes:
+        mine, theirs = sql.new(model, **values), model(**values)
+        for field in model._meta.concrete_fields:
+            a, b = getattr(mine, field.attname), getattr(theirs, field.attname)
+            if callable(field.default) and field.attname not in values and (
+                    field.name not in values):
+                assert type(a) is type(b), (model.__name__, field.name)  # made per row
+            else:
+                assert a == b and type(a) is type(b), (model.__name__, field.name, a, b)
+    with pytest.raises(ValueError):  # a related row of another model is refused as before
+        sql.new(Event, run=Attempt(run=run), version=2, kind=EventKind.STEP)
+    with pytest.raises(TypeError):  # and what is no field
+        sql.new(Event, run=run, nothing=1)

@@ -3,8 +3,9 @@
 Out (``publish``): messages are sent to one group of the channel layer in the order given,
 from one long-lived event loop of the stream's own, in a thread named ``changes``; nothing
 else in the process touches the channel layer, so it never matters which loop a caller is
-on. A send that fails is tried again a few times, then dropped: clients heal with "resume
-after seq".
+on. The messages pending when a send begins go as one ``batch`` message, in order (one
+Redis publish for them all, and one message for each process to receive). A send that
+fails is tried again a few times, then dropped: clients heal with "resume after seq".
 
 In: the process holds at most one subscription to that group, whatever follows it here,
 and forwards each message it receives:
@@ -41,6 +42,10 @@ class Stream:
 
     REFRESH_SECONDS = 3600.0  # group membership is renewed at least this often
     RETRY_DELAYS = (0.1, 0.5, 1.0)  # a dropped connection is re-made on the next try
+    # Messages pending together are sent as one group message of at most this many, and
+    # of texts of at most this size (a larger message is sent alone).
+    BATCH_MESSAGES = 100
+    BATCH_BYTES = 256 * 1024
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -79,9 +84,24 @@ class Stream:
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
 
+    def _next_send(self) -> dict:  # on the loop
+        """The oldest pending message, or, when more are pending, a ``batch`` of the oldest
+        ones in order, up to ``BATCH_BYTES`` of their texts (at least one): one group
+        message, one Redis publish, for all the changes published meanwhile."""
+        first = self._pending.popleft()
+        if not self._pending:
+            return first
+        messages, size = [first], len(first.get("text", ""))
+        while self._pending and len(messages) < self.BATCH_MESSAGES:
+            size += len(self._pending[0].get("text", ""))
+            if size > self.BATCH_BYTES:
+                break
+            messages.append(self._pending.popleft())
+        return first if len(messages) == 1 else {"type": "batch", "messages": messages}
+
     async def _drain(self) -> None:
         while self._pending:
-            message = self._pending.popleft()
+            message = self._next_send()
             for delay in (*self.RETRY_DELAYS, None):
                 try:
                     await get_channel_layer().group_send(GROUP, message)
@@ -178,15 +198,23 @@ class Stream:
                 channel, renewed = None, None
                 await asyncio.sleep(1)
                 continue
-            try:
-                if message.get("type") == "run.changed":
-                    self._forward_change(message)
-                elif message.get("type") == "bulk.changed":
-                    self._forward_to_list(message["text"])
-                elif message.get("type") == "run.output":
-                    self._forward_output(message)
-            except Exception:  # one bad message never ends the subscription
-                log.exception("a %s message could not be forwarded", message.get("type"))
+            if message.get("type") == "batch":
+                for each in message.get("messages", ()):
+                    self._forward(each)
+            else:
+                self._forward(message)
+
+    def _forward(self, message: dict) -> None:  # on the loop
+        """Forward one message of the group to the followers here."""
+        try:
+            if message.get("type") == "run.changed":
+                self._forward_change(message)
+            elif message.get("type") == "bulk.changed":
+                self._forward_to_list(message["text"])
+            elif message.get("type") == "run.output":
+                self._forward_output(message)
+        except Exception:  # one bad message never ends the subscription
+            log.exception("a %s message could not be forwarded", message.get("type"))
 
     def _forward_change(self, message: dict) -> None:  # on the loop
         """Forward a committed change to the sockets that follow every run or its run, and

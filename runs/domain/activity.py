@@ -33,6 +33,7 @@ APART_CAP = 500  # error and control entries per run, besides
 AGENT_KINDS = (ActivityKind.STEP, ActivityKind.MODEL, ActivityKind.TOOL, ActivityKind.LOG,
                ActivityKind.PROGRESS)
 APART_KINDS = (ActivityKind.ERROR, ActivityKind.CONTROL)
+KINDS = tuple(ActivityKind.values)  # read once: the enum makes the list anew on each read
 TEXT = 500  # characters of a line (the column's size)
 DATA = 2000  # bytes of an entry's data, encoded; a larger one is cut down to a note
 TRACEBACK = 8000  # characters of a traceback kept in an error entry
@@ -90,7 +91,7 @@ def staged(run: Run, generation: int, entries: list[dict]) -> list[Activity]:
     a web process noting a live command): its ``COUNTERS`` are moved on to match, and the
     caller writes them with the rows, in the same statement."""
     for kind in {entry["kind"] for entry in entries}:
-        if kind not in ActivityKind.values:
+        if kind not in KINDS:
             raise ValueError(f"unknown activity kind {kind!r}")
     rows = []
     for entry in map(_clean, entries):

@@ -19,20 +19,21 @@ from django.utils import timezone
 from runs.models import Activity, BulkJob, Event, Run, WorkerProcess
 
 
-def when(value) -> str | None:
-    """A datetime in ISO 8601 as DRF writes it (current time zone, UTC as ``Z``)."""
+def when(value, zone=None) -> str | None:
+    """A datetime in ISO 8601 as DRF writes it (current time zone, UTC as ``Z``). A caller
+    that writes several may pass the current time zone, read once, as ``zone``."""
     if value is None:
         return None
-    text = timezone.localtime(value).isoformat()
+    text = timezone.localtime(value, zone).isoformat()
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
-def ticket_data(ticket) -> dict | None:
+def ticket_data(ticket, zone=None) -> dict | None:
     if ticket is None:
         return None
     return {"id": str(ticket.id), "reason": ticket.reason, "prompt": ticket.prompt,
             "schema": ticket.schema, "action": action_data(ticket.action),
-            "created_at": when(ticket.created_at)}
+            "created_at": when(ticket.created_at, zone)}
 
 
 def action_data(action: dict | None) -> dict | None:
@@ -43,13 +44,14 @@ def action_data(action: dict | None) -> dict | None:
             "digest": action["digest"], "rationale": action.get("rationale")}
 
 
-def control_data(intent) -> dict | None:
+def control_data(intent, zone=None) -> dict | None:
     if intent is None:
         return None
     return {"action": intent.action, "reason": intent.reason, "stop_code": intent.stop_code,
             "requested_by": intent.requested_by, "source": intent.source,
-            "requested_at": when(intent.requested_at),
-            "delivered_at": when(intent.delivered_at), "applied_at": when(intent.applied_at),
+            "requested_at": when(intent.requested_at, zone),
+            "delivered_at": when(intent.delivered_at, zone),
+            "applied_at": when(intent.applied_at, zone),
             "caused_by": None if intent.caused_by_id is None else str(intent.caused_by_id),
             "receipt": intent.receipt}
 
@@ -67,6 +69,7 @@ def run_data(run: Run) -> dict:
     """The representation of ``run``. A run loaded without its input and output (see
     ``selectors.run_list``) is written without them and with ``"truncated": true``."""
     truncated = not PAYLOAD.isdisjoint(run.get_deferred_fields())
+    zone = timezone.get_current_timezone()
     data = {
         "id": str(run.id), "url": run_url(run.id), "agent": run.agent,
         "input": None if truncated else run.input, "thread_id": run.thread_id,
@@ -76,8 +79,9 @@ def run_data(run: Run) -> dict:
         "stop_reason": run.stop_reason, "error": run.error,
         "output": None if truncated else run.output,
         "generation": run.generation, "owner": run.owner,
-        "ticket": ticket_data(run.ticket if run.ticket_id is not None else None),
-        "control": control_data(run.control if run.control_id is not None else None),
+        "ticket": ticket_data(run.ticket if run.ticket_id is not None else None, zone),
+        "control": control_data(run.control if run.control_id is not None else None,
+                                zone),
         "actions": list(run.allowed_actions),
         "budget": {"max_steps": run.max_steps, "max_seconds": run.max_seconds,
                    "max_tokens": run.max_tokens, "max_cost_usd": run.max_cost_usd,
@@ -85,9 +89,9 @@ def run_data(run: Run) -> dict:
         "usage": {"steps": run.steps, "tokens": run.tokens, "seconds": run.seconds_used,
                   "cost_usd": run.cost_usd},
         "duration": run.duration,
-        "version": run.version, "start_after": when(run.start_after),
-        "created_at": when(run.created_at), "started_at": when(run.started_at),
-        "ended_at": when(run.ended_at), "updated_at": when(run.updated_at),
+        "version": run.version, "start_after": when(run.start_after, zone),
+        "created_at": when(run.created_at, zone), "started_at": when(run.started_at, zone),
+        "ended_at": when(run.ended_at, zone), "updated_at": when(run.updated_at, zone),
     }
     if truncated:
         del data["input"], data["output"]

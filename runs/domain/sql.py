@@ -17,15 +17,19 @@ each call, which costs several times the CPU of the statement):
 
 The SQL is plain text built once per model and shape from the models' ``_meta``, every
 identifier quoted. Values go through the fields' own ``pre_save``, ``get_db_prep_save``
-and ``get_db_prep_value``; rows come back as model instances through ``Model.from_db``
+and ``get_db_prep_value``, except the steps known once per model and shape to give a value
+back as it is (``_saving``: an attribute read, a str of a text field, an aware datetime);
+rows come back as model instances through ``Model.from_db``
 (``rows``: the fields' ``from_db_value`` on PostgreSQL, ``QuerySet.raw`` elsewhere),
 converted as the ORM converts them. tests/test_sql.py holds each statement to the ORM's result.
 """
 
+import datetime
+import uuid
 from dataclasses import dataclass
 from functools import cache
 
-from django.db import connection, router
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models, router
 
 
 def quoted(name: str) -> str:
@@ -38,15 +42,42 @@ def new(model, **values):
     """A new row of ``model`` made as its constructor makes it (defaults applied), in the
     state the ORM leaves an instance in once it is saved (``Model.from_db``): the row is
     written by ``write``'s ``Insert`` in the same transaction. Related objects given in
-    ``values`` stay cached on it."""
-    made = model(**values)
-    names = [f.attname for f in model._meta.concrete_fields]
-    row = model.from_db(router.db_for_write(model), names, [getattr(made, n) for n in names])
+    ``values`` stay cached on it (set through the field's descriptor, which checks them).
+    Values given by fields' names are taken as the constructor takes them, without making
+    an instance first; anything else is given to the constructor."""
+    names, fields, known = _making(model)
+    if known.issuperset(values) and not any(
+            f.attname in values and f.name in values for f in fields if f.is_relation):
+        columns = [_initial(f, values) for f in fields]
+    else:  # anything else the constructor takes (or refuses)
+        made = model(**values)
+        columns = [getattr(made, n) for n in names]
+    row = model.from_db(router.db_for_write(model), names, columns)
     for name, value in values.items():
         field = model._meta.get_field(name)
         if field.is_relation and name == field.name:
             setattr(row, name, value)
     return row
+
+
+@cache
+def _making(model) -> tuple[list, list, frozenset]:
+    """The attribute names of ``model``'s concrete fields, the fields, and the names a value
+    may be given by: each field's name and its attribute name (``run`` and ``run_id``)."""
+    fields = list(model._meta.concrete_fields)
+    return ([f.attname for f in fields], fields,
+            frozenset(n for f in fields for n in (f.name, f.attname)))
+
+
+def _initial(field, values: dict):
+    """The value the constructor gives ``field`` from ``values``: the value given by its
+    attribute name, or the key of the related row given by its name, or its default."""
+    if field.attname in values:
+        return values[field.attname]
+    if field.name in values:  # a related row (its key is read as the descriptor reads it)
+        related = values[field.name]
+        return None if related is None else getattr(related, field.target_field.attname)
+    return field.get_default()
 
 
 # --- reads ------------------------------------------------------------------------------------
@@ -252,25 +283,25 @@ def write(*parts) -> list:
         return _write_by_orm(writes, reads)
 
     shape, params = [], []
+    db = connections[DEFAULT_DB_ALIAS]  # what ``connection`` stands for, looked up once
     for part in parts:
         if isinstance(part, Update):
             model = type(part.instance)
-            shape.append(("update", model, tuple(part.names)))
-            params += [model._meta.get_field(n).get_db_prep_save(
-                model._meta.get_field(n).pre_save(part.instance, False), connection)
-                for n in part.names]
+            names = tuple(part.names)
+            shape.append(("update", model, names))
+            _saved_values(params, _saving(model, names, False), (part.instance,), False, db)
             params.append(_prepared(model, model._meta.pk.name, part.instance.pk))
         elif isinstance(part, UpdateWhere):
-            shape.append(("update_where", part.model, tuple(part.values), tuple(part.where)))
-            params += [part.model._meta.get_field(n).get_db_prep_save(v, connection)
-                       for n, v in part.values.items()]
+            names = tuple(part.values)
+            shape.append(("update_where", part.model, names, tuple(part.where)))
+            params += [prepare(value, db) for (_, _, prepare), value
+                       in zip(_saving(part.model, names, False), part.values.values(),
+                                  strict=True)]
             params += [_prepared(part.model, n, v) for n, v in part.where.items()]
         elif isinstance(part, Insert):
             model = type(part.instances[0])
             shape.append(("insert", model, len(part.instances)))
-            fields = _inserted_fields(model)
-            params += [f.get_db_prep_save(f.pre_save(instance, True), connection)
-                       for instance in part.instances for f in fields]
+            _saved_values(params, _saving(model, None, True), part.instances, True, db)
         elif isinstance(part, Exists):
             shape.append(("exists", part.model, tuple(part.where)))
             params += _question_params(part)
@@ -298,6 +329,103 @@ def write(*parts) -> list:
             pk = part.model._meta.pk
             answers.append(sorted(pk.to_python(key) for key in by_part.get(index, [])))
     return answers
+
+
+def _saved_values(params: list, saving: tuple, instances, add: bool, db) -> None:
+    """Append to ``params`` each field's value of each of ``instances`` as ``save`` writes
+    it: ``field.get_db_prep_save(field.pre_save(instance, add), connection)``."""
+    for instance in instances:
+        for attname, pre_save, prepare in saving:
+            params.append(prepare(getattr(instance, attname) if pre_save is None
+                                  else pre_save(instance, add), db))
+
+
+@cache
+def _saving(model, names: tuple | None, add: bool) -> tuple:
+    """How ``write`` takes and prepares the fields ``names`` of ``model`` (None: the fields
+    an insert writes), worked out once per model and shape: for each field, its attribute,
+    its ``pre_save`` when that does more than read the attribute (``auto_now``, and
+    ``auto_now_add`` on an insert), else None, and its preparation (``_preparer``)."""
+    fields = (_inserted_fields(model) if names is None
+              else [model._meta.get_field(n) for n in names])
+    return tuple((f.attname, None if _reads_attribute(f, add) else f.pre_save, _preparer(f))
+                 for f in fields)
+
+
+def _reads_attribute(field, add: bool) -> bool:
+    """Whether ``field.pre_save(instance, add)`` only reads the field's attribute."""
+    kind = type(field)
+    if kind.pre_save is models.Field.pre_save:
+        return True
+    return (kind.pre_save is models.DateTimeField.pre_save and not field.auto_now
+            and not (field.auto_now_add and add))
+
+
+# The fields whose preparation for PostgreSQL gives back a value of these exact types as it
+# is, and the methods of theirs that do so (a subclass that overrides any is prepared in
+# full): Django's own get_db_prep_save, get_db_prep_value, get_prep_value and to_python of
+# each return a str, a bool, an aware datetime or a UUID unchanged. tests/test_sql.py holds
+# each to the field's own get_db_prep_save.
+_AS_THEY_ARE = (
+    (models.CharField, models.Field, (str,)),
+    (models.TextField, models.Field, (str,)),
+    (models.BooleanField, models.Field, (bool,)),
+    (models.UUIDField, models.UUIDField, (uuid.UUID,)),
+    (models.DateTimeField, models.DateTimeField, (datetime.datetime,)),
+)
+
+
+def _preparer(field):
+    """A function of a value and a connection that returns what
+    ``field.get_db_prep_save(value, connection)`` returns on PostgreSQL, without the
+    generic steps for the values that the field's own methods pass as they are (None, and
+    the types of ``_AS_THEY_ARE``), or convert without a check (an int of an integer
+    field). Any other value or field goes through ``get_db_prep_save`` itself."""
+    kind = type(field)
+    whole = field.get_db_prep_save
+
+    def in_full(value, db):
+        return whole(value, db)
+
+    if isinstance(field, models.ForeignKey) and (
+            kind.get_db_prep_save is models.ForeignKey.get_db_prep_save):
+        target = _preparer(field.target_field)
+
+        # ForeignKey.get_db_prep_save: None, and an empty string, may be NULL; any other
+        # value is prepared by the target field.
+        def related(value, db):
+            if value is None:
+                return None
+            return in_full(value, db) if isinstance(value, str) else target(value, db)
+        return related
+    if kind.get_db_prep_save is not models.Field.get_db_prep_save:
+        return in_full
+    if (kind.get_db_prep_value is models.IntegerField.get_db_prep_value
+            and kind.get_prep_value is models.IntegerField.get_prep_value):
+        # IntegerField.get_db_prep_value: int(value) is the value itself for an int, which
+        # the backend then adapts (on PostgreSQL, wrapped in the driver's type of its size).
+        internal_type = field.get_internal_type()
+
+        def integer(value, db):
+            if type(value) is int:
+                return db.ops.adapt_integerfield_value(value, internal_type)
+            return in_full(value, db)
+        return integer
+    for base, prep_value_of, types in _AS_THEY_ARE:
+        if (isinstance(field, base)
+                and kind.get_db_prep_value is prep_value_of.get_db_prep_value
+                and kind.get_prep_value is base.get_prep_value
+                and kind.to_python is base.to_python):
+            aware = base is models.DateTimeField  # a naive datetime is made aware
+
+            def as_it_is(value, db, types=types, aware=aware):
+                if value is None:
+                    return None
+                if type(value) in types and not (aware and value.utcoffset() is None):
+                    return value
+                return in_full(value, db)
+            return as_it_is
+    return in_full
 
 
 def _write_by_orm(writes, reads) -> list:
