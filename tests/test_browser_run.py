@@ -44,9 +44,9 @@ def test_the_resume_dialog_on_a_runs_page_resumes_it(page, embedded_site):
     run_id, row = open_run(page, embedded_site, "demo.steps", {"steps": 30, "step_seconds": 0.2})
     page.wait_for_selector(f'{row}[data-state="running"]')
     assert embedded_site.call("POST", f"/api/runs/{run_id}/pause/?wait=5")[0] == 200
-    page.wait_for_selector(f'{row}[data-state="awaiting"]')
+    page.wait_for_selector(f'{row}[data-state="awaiting"] [data-action="resume"]:not([disabled])')
     page.click(f'{row} [data-action="resume"]')
-    page.wait_for_selector("#resume-dialog[open]")
+    page.wait_for_selector("#resume-dialog[open]", timeout=20000)
     # The dialog asks the server for the ticket as it stands, then says why it is open.
     page.wait_for_selector('[data-field="resume-why"]:has-text("Paused by an operator")')
     page.click('[data-action="confirm-resume"]')

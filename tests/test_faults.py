@@ -186,7 +186,9 @@ def answers_in_time(web, calls, *, within: float) -> list:
         return list(pool.map(timed, calls))
 
 
-def every_endpoint_answers(web, run_id, within: float = 2.0) -> None:
+# A frozen peer would hold a request for its whole deadline (5 s and more); an answer within
+# 4 s is one that waited on nothing, even with the other test streams on the same 2 cores.
+def every_endpoint_answers(web, run_id, within: float = 4.0) -> None:
     statuses = answers_in_time(web, [
         ("GET", "/healthz", None), ("GET", "/api/runs/", None), ("GET", f"/api/runs/{run_id}/",
                                                                  None),
