@@ -187,7 +187,8 @@ def answers_in_time(web, calls, *, within: float) -> list:
 
 
 # A frozen peer would hold a request for its whole deadline (5 s and more); an answer within
-# 4 s is one that waited on nothing, even with the other test streams on the same 2 cores.
+# 4 s is one that waited on nothing, even with the other test streams on the same 2 cores
+# (the bounds of the tests below are chosen so too).
 def every_endpoint_answers(web, run_id, within: float = 4.0) -> None:
     statuses = answers_in_time(web, [
         ("GET", "/healthz", None), ("GET", "/api/runs/", None), ("GET", f"/api/runs/{run_id}/",
@@ -204,7 +205,7 @@ def test_a_burst_of_health_checks_wedges_nothing(system):
     ends = time.monotonic() + 5
     checks = 0
     while time.monotonic() < ends:  # 20 at a time, for five seconds
-        statuses = answers_in_time(web, [("GET", "/healthz", None)] * 20, within=1.5)
+        statuses = answers_in_time(web, [("GET", "/healthz", None)] * 20, within=3.0)
         assert set(statuses) == {200}, statuses
         checks += len(statuses)
     assert checks >= 40
@@ -223,7 +224,7 @@ def test_cancels_to_a_frozen_worker_wedge_nothing(system):
     try:
         statuses = answers_in_time(
             web, [("POST", f"/api/runs/{run_id}/cancel/?wait=0", {}) for run_id in runs],
-            within=2.0)
+            within=4.0)
         assert set(statuses) == {202}, statuses
         every_endpoint_answers(web, runs[0])
     finally:
