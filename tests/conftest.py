@@ -299,3 +299,20 @@ def browser():
                   "--disable-sync"])
         yield browser
         browser.close()
+
+
+def click_to(page, selector: str, arrived: str, tries: int = 3) -> None:
+    """Click ``selector`` until ``arrived`` shows. The live pages redraw a row from each
+    push, so on a busy machine a click can land on a row as it is replaced, and be lost;
+    it is made again then (a click that did land is never repeated)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    for attempt in range(tries):
+        page.click(selector)
+        try:
+            page.wait_for_selector(arrived, timeout=5000)
+            return
+        except PlaywrightTimeout:
+            if attempt == tries - 1 or page.locator(selector).count() == 0:
+                # Last try, or the click landed and what it opens is still on its way.
+                page.wait_for_selector(arrived, timeout=15000)
+                return

@@ -11,7 +11,7 @@ import pytest
 
 from harness.processes import ROOT
 from tests.accessibility import serious_violations
-from tests.conftest import CHROMIUM
+from tests.conftest import CHROMIUM, click_to
 from tests.test_browser import answer_dialogs
 
 DESKTOP = {"width": 1280, "height": 800}
@@ -596,8 +596,7 @@ def test_a_bulk_job_opens_on_its_runs_and_follows_the_job_live(browser, embedded
             "action": "cancel", "ids": [run["id"] for run in runs]})
         assert status == 201
         link = f'tr.job[data-job-id="{job["id"]}"] a[href="/bulk/{job["id"]}/"]'
-        page.click(link)
-        page.wait_for_selector(f'#bulk-job[data-job-id="{job["id"]}"]')
+        click_to(page, link, f'#bulk-job[data-job-id="{job["id"]}"]')
         # Drawn while the job still runs (120 runs take a while): the rest comes from pushes.
         assert page.get_attribute("#bulk-progress .bulk-job", "data-state") != "done"
         assert page.locator("#bulk-items tr.item[data-outcome=pending]").count() > 0

@@ -11,7 +11,7 @@ import pytest
 from harness.processes import EmbeddedSite, wait_until
 from harness.watching import Watcher
 from tests.accessibility import serious_violations
-from tests.conftest import CHROMIUM
+from tests.conftest import CHROMIUM, click_to
 from tests.test_browser import logged_in
 
 pytestmark = pytest.mark.skipif(
@@ -45,8 +45,7 @@ def test_the_resume_dialog_on_a_runs_page_resumes_it(page, embedded_site):
     page.wait_for_selector(f'{row}[data-state="running"]')
     assert embedded_site.call("POST", f"/api/runs/{run_id}/pause/?wait=5")[0] == 200
     page.wait_for_selector(f'{row}[data-state="awaiting"] [data-action="resume"]:not([disabled])')
-    page.click(f'{row} [data-action="resume"]')
-    page.wait_for_selector("#resume-dialog[open]", timeout=20000)
+    click_to(page, f'{row} [data-action="resume"]', "#resume-dialog[open]")
     # The dialog asks the server for the ticket as it stands, then says why it is open.
     page.wait_for_selector('[data-field="resume-why"]:has-text("Paused by an operator")')
     page.click('[data-action="confirm-resume"]')
