@@ -55,7 +55,8 @@ def test_the_resume_dialog_on_a_runs_page_resumes_it(page, embedded_site):
 
 
 def test_a_pause_that_waits_for_its_step_says_so(page, embedded_site):
-    run_id, row = open_run(page, embedded_site, "demo.steps", {"steps": 3, "step_seconds": 4})
+    # Steps long enough that the request is still pending while a loaded machine draws it.
+    run_id, row = open_run(page, embedded_site, "demo.steps", {"steps": 3, "step_seconds": 12})
     page.wait_for_selector(f'{row}[data-state="running"]')
     page.click(f'{row} [data-action="pause"]')
     page.wait_for_selector("#toast:has-text('takes effect when the current step ends')")
@@ -67,7 +68,7 @@ def test_a_pause_that_waits_for_its_step_says_so(page, embedded_site):
     page.wait_for_selector('tr[data-action-kind="pause"]:has-text("admin")')
     page.wait_for_selector(
         '.timeline li[data-kind="pause_requested"]:has-text("by admin via Browser")')
-    page.wait_for_selector(f'{row}[data-state="awaiting"]', timeout=15_000)
+    page.wait_for_selector(f'{row}[data-state="awaiting"]', timeout=30_000)
     # Taken at the step's end, in the operator's name and from where they asked.
     page.wait_for_selector('.timeline li[data-kind="paused"]:has-text("by admin via Browser")')
     assert "pending" not in page.text_content('tr[data-action-kind="pause"]')
