@@ -592,10 +592,13 @@ def test_a_parents_page_follows_its_children_row_by_row(page, browser, embedded_
     status, run = embedded_site.call("POST", "/api/runs/", {
         "agent": "demo.parent", "input": {
             "children": 3, "child_agent": "demo.steps",
-            "child_input": {"steps": 10, "step_seconds": 0.05}}})
+            "child_input": {"steps": 20, "step_seconds": 0.15}}})
     assert status == 201
     traffic = panel_traffic(page, run["id"])
     page.goto(f"{embedded_site.base}{run['url']}")
+    # The children step for three seconds: long enough to change while a loaded machine
+    # still connects the page.
+    page.wait_for_selector('#live[data-status="live"]')
     wait_until(lambda: embedded_site.call("GET", f"/api/runs/{run['id']}/")[1]["state"]
                == "ended", 30, "the parent to end")
     expected = settled_like_a_fresh_load(page, browser, embedded_site, run["id"])
