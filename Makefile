@@ -34,7 +34,8 @@ run: $(STAMP) var/secret_key
 ## in-memory layer and broker). With DATABASE_URL=postgres://... (and REDIS_URL=redis://...
 ## for the tests of real workers and the Redis layer): three streams side by side, each test
 ## run once per database it proves something on. The tests of the test database run on SQLite
-## and on that PostgreSQL database; the tests marked ignores_database_url (sites, browsers and
+## and on that PostgreSQL database (but those marked one_backend, whose verdict no backend
+## changes, only on SQLite); the tests marked ignores_database_url (sites, browsers and
 ## processes of their own, which use neither variable) run once: the long files of them
 ## (marked sites_stream) in a stream of their own, the rest in the SQLite stream, so the
 ## three take about as long. They wait on processes more than they compute, and this is a
@@ -46,7 +47,7 @@ PASS ?= $(if $(DATABASE_URL),all,sqlite)
 PYTEST_ARGS ?=
 NO_SERVICES = env -u DATABASE_URL -u REDIS_URL -u CELERY_BROKER_URL
 SQLITE_PASS = $(NO_SERVICES) $(BIN)/pytest $(if $(DATABASE_URL),-m "not sites_stream") $(PYTEST_ARGS)
-POSTGRES_PASS = $(BIN)/pytest -m "not ignores_database_url" $(PYTEST_ARGS)
+POSTGRES_PASS = $(BIN)/pytest -m "not ignores_database_url and not one_backend" $(PYTEST_ARGS)
 SITES_PASS = $(NO_SERVICES) $(BIN)/pytest -m sites_stream $(PYTEST_ARGS)
 test: lint
 ifeq ($(strip $(PASS)),sqlite)

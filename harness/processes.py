@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -406,6 +407,17 @@ UNCONFIGURED = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "AWAKEN_QUEUE"
                 "OPENAI_API_KEY")
 
 
+DATABASE_FILE = "awaken.sqlite3"  # the embedded site's database, in its var directory
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    """A hard link where the file system allows one (static files are only read)."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
 class EmbeddedSite(Site):
     """``manage.py serve`` as ``make run`` starts it, under ``var_dir``: web, worker and
     sweeper in one process, on SQLite, the in-memory broker and the in-memory layer.
@@ -424,13 +436,36 @@ class EmbeddedSite(Site):
                     if key not in UNCONFIGURED}
         self.env.update(AWAKEN_VAR_DIR=str(self.var), SECRET_KEY="embedded-test", DEBUG="0",
                         AWAKEN_DEMO_AGENTS="1", **WEB_ENV, **(extra_env or {}))
-        self.manage("migrate", "--no-input")
-        self.manage("collectstatic", "--no-input")  # as make run does
+        self.prepare()
         self.admin_password: str | None = None
         port = free_port()
         super().__init__([sys.executable, "manage.py", "serve", "--port", str(port)],
                          port=port, name="serve", env=self.env, log_dir=self.var,
                          root=self.root)
+
+    # What ``migrate`` and ``collectstatic`` made under the first new var directory of each
+    # checkout: later sites of this process start from a copy, as if they had run both.
+    _prepared: dict[Path, Path] = {}
+
+    def prepare(self) -> None:
+        """Migrate the site's database and collect its static files, as ``make run`` does.
+        A var directory that holds no database yet gets a copy of what the first one of the
+        checkout made: the migrations hold no state of their own, so the copy is what they
+        would make again, in a fraction of the time."""
+        made = self._prepared.get(self.root)
+        if made is not None and not (self.var / DATABASE_FILE).exists():
+            self.var.mkdir(mode=0o700, parents=True, exist_ok=True)
+            shutil.copy2(made / DATABASE_FILE, self.var / DATABASE_FILE)
+            shutil.copytree(made / "static", self.var / "static", copy_function=_link_or_copy)
+            return
+        fresh = not (self.var / DATABASE_FILE).exists()
+        self.manage("migrate", "--no-input")
+        self.manage("collectstatic", "--no-input")
+        if fresh and made is None:
+            kept = Path(tempfile.mkdtemp(prefix="awaken-prepared-"))
+            shutil.copy2(self.var / DATABASE_FILE, kept / DATABASE_FILE)
+            shutil.copytree(self.var / "static", kept / "static", copy_function=_link_or_copy)
+            self._prepared[self.root] = kept
 
     def ready(self) -> bool:
         """/healthz answers, and counts the embedded worker."""

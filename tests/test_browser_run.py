@@ -14,8 +14,9 @@ from tests.accessibility import serious_violations
 from tests.conftest import CHROMIUM, click_to
 from tests.test_browser import logged_in
 
-pytestmark = pytest.mark.skipif(
-    not __import__("os").path.exists(CHROMIUM), reason="needs Debian's chromium")
+pytestmark = [pytest.mark.sites_stream,
+              pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM),
+                                 reason="needs Debian's chromium")]
 
 PHONE = {"width": 390, "height": 844}
 
