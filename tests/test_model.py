@@ -116,12 +116,25 @@ class FakeWorkers:
         self.queued: list[str] = []
         self.signals: list[tuple] = []
         self.violations: list[str] = []
+        # Set while a call of several transactions runs (a sweep): its hooks run here once
+        # it returns, after its later transactions, as the test's savepoints commit nothing.
+        self.several_transactions = False
 
     def runs_queued(self, *, runs) -> None:
         for run_id, _ in runs:
-            if not Run.objects.filter(pk=run_id, state=QUEUED).exists():
+            if not (Run.objects.filter(pk=run_id, state=QUEUED).exists()
+                    or self.several_transactions and self.ended_from_queued(run_id)):
                 self.violations.append(f"run {run_id} handed to a worker but not queued")
             self.queued.append(str(run_id))
+
+    @staticmethod
+    def ended_from_queued(run_id) -> bool:
+        """The run's last transition went from committed queued to ended: a sweep requeued
+        it, then ended it in a later transaction of its own (its parent's attempt was lost
+        too), and the hand-over ran between the two."""
+        states = list(Event.objects.filter(run_id=run_id).order_by("-seq")
+                      .values_list("state", flat=True)[:2])
+        return states == [ENDED, QUEUED]
 
     def send_command_and_wait(self, *, run_id, generation, owner, command, actor=None,
                               source=None, message=None) -> None:
@@ -521,7 +534,11 @@ class RunControl(RuleBasedStateMachine):
     @precondition(lambda self: any(run.lapsed for run in self.runs.values()))
     @rule()
     def sweep(self):
-        answer, counts = self.call(domain.sweep)
+        self.workers.several_transactions = True
+        try:
+            answer, counts = self.call(domain.sweep)
+        finally:
+            self.workers.several_transactions = False
         lapsed = sorted((run for run in self.runs.values()
                          if run.state == RUNNING and run.lapsed is not None),
                         key=lambda run: run.lapsed)
