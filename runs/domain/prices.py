@@ -13,7 +13,6 @@ from functools import lru_cache
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from genai_prices import Usage, calc_price
 
 PER_MILLION = Decimal(1_000_000)
 
@@ -55,6 +54,9 @@ def call_cost(model: str, prompt_tokens: int, completion_tokens: int) -> float |
         return float(cost)
     if not model:
         return None
+    # Imported here: its table takes a seventh of a second to load, which every process
+    # would pay at start (web, manage.py commands) though only a model call needs it.
+    from genai_prices import Usage, calc_price
     try:
         price = calc_price(Usage(input_tokens=prompt_tokens, output_tokens=completion_tokens),
                            model_ref=model)
