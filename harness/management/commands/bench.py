@@ -328,6 +328,9 @@ class Command(BaseCommand):
         if not settings.REDIS_URL or "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
             raise CommandError("Set DATABASE_URL (PostgreSQL) and REDIS_URL: the benchmark "
                                "runs separate processes, which need a shared database and layer.")
+        # The web processes serve on these settings, as a deployment does: their pages (the
+        # error page among them) name the collected static files by their hashed names.
+        call_command("collectstatic", interactive=False, verbosity=0)
         self.token = self.bench_user_token()
         parts = {
             "cancel": lambda: self.cancel([int(n) for n in options["live"].split(",")],
