@@ -10,6 +10,7 @@ stopped however the block ends. Web, workers and beat run on this process's sett
 database, so a test's processes share the test database.
 """
 
+import atexit
 import http.client
 import json
 import os
@@ -456,13 +457,15 @@ class EmbeddedSite(Site):
         if made is not None and not (self.var / DATABASE_FILE).exists():
             self.var.mkdir(mode=0o700, parents=True, exist_ok=True)
             shutil.copy2(made / DATABASE_FILE, self.var / DATABASE_FILE)
-            shutil.copytree(made / "static", self.var / "static", copy_function=_link_or_copy)
+            shutil.copytree(made / "static", self.var / "static", copy_function=_link_or_copy,
+                            dirs_exist_ok=True)
             return
         fresh = not (self.var / DATABASE_FILE).exists()
         self.manage("migrate", "--no-input")
         self.manage("collectstatic", "--no-input")
         if fresh and made is None:
             kept = Path(tempfile.mkdtemp(prefix="awaken-prepared-"))
+            atexit.register(shutil.rmtree, kept, ignore_errors=True)
             shutil.copy2(self.var / DATABASE_FILE, kept / DATABASE_FILE)
             shutil.copytree(self.var / "static", kept / "static", copy_function=_link_or_copy)
             self._prepared[self.root] = kept
