@@ -65,6 +65,7 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
+from awaken_site.request_share import RETRY_AFTER
 from harness.processes import (
     Beat,
     PrivateRedis,
@@ -106,6 +107,7 @@ FAULT_KINDS = ("worker_kill", "worker_freeze", "redis_restart", "web_restart",
 READY_SECONDS = 90
 # The longest a request may take (a cancel waits at most one second for its end).
 CALL_SECONDS = 20
+BUSY_TRIES = 5  # a 503 busy answer, asked again after its Retry-After, at most this often
 # Once the faults are over, the system settles within a few leases (a run lost with a
 # frozen or killed worker is found when its lease expires, and claimed again).
 SETTLE_SECONDS = max(30.0, 10 * LEASE)
@@ -232,11 +234,20 @@ class Storm:
     def call(self, rng, verb: str, caller: Caller, method: str, path: str, body=None):
         """One request to either web process, chosen at random. A web process that does not
         answer (it is restarting) counts as ``unreachable``, and the request goes once to
-        the other, as a client fails over. Returns (status, body), or (None, None)."""
+        the other, as a client fails over. A 503 ``busy`` (the process's share was full, as
+        the API allows: the request was not served) is asked again after its Retry-After, as a
+        client does, a few times.
+        Returns (status, body), or (None, None)."""
         for web in rng.sample(self.webs, len(self.webs)):
             try:
-                status, answer = web.call(method, path, body, token=caller.token,
-                                          timeout=CALL_SECONDS)
+                for _ in range(BUSY_TRIES):
+                    status, answer = web.call(method, path, body, token=caller.token,
+                                              timeout=CALL_SECONDS)
+                    if not (status == 503 and isinstance(answer, dict)
+                            and answer.get("code") == "busy"):
+                        break
+                    self.count(verb, "busy")
+                    time.sleep(RETRY_AFTER)
             except (OSError, http.client.HTTPException):
                 self.count(verb, "unreachable")
                 continue
