@@ -419,6 +419,15 @@ def _link_or_copy(source: str, target: str) -> None:
         shutil.copy2(source, target)
 
 
+def _copy_prepared(source: Path, target: Path) -> None:
+    """An embedded site's migrated database and collected static files, from one var
+    directory into another."""
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    shutil.copy2(source / DATABASE_FILE, target / DATABASE_FILE)
+    shutil.copytree(source / "static", target / "static", copy_function=_link_or_copy,
+                    dirs_exist_ok=True)
+
+
 class EmbeddedSite(Site):
     """``manage.py serve`` as ``make run`` starts it, under ``var_dir``: web, worker and
     sweeper in one process, on SQLite, the in-memory broker and the in-memory layer.
@@ -454,20 +463,16 @@ class EmbeddedSite(Site):
         checkout made: the migrations hold no state of their own, so the copy is what they
         would make again, in a fraction of the time."""
         made = self._prepared.get(self.root)
-        if made is not None and not (self.var / DATABASE_FILE).exists():
-            self.var.mkdir(mode=0o700, parents=True, exist_ok=True)
-            shutil.copy2(made / DATABASE_FILE, self.var / DATABASE_FILE)
-            shutil.copytree(made / "static", self.var / "static", copy_function=_link_or_copy,
-                            dirs_exist_ok=True)
-            return
         fresh = not (self.var / DATABASE_FILE).exists()
+        if fresh and made is not None:
+            _copy_prepared(made, self.var)
+            return
         self.manage("migrate", "--no-input")
         self.manage("collectstatic", "--no-input")
-        if fresh and made is None:
+        if fresh:
             kept = Path(tempfile.mkdtemp(prefix="awaken-prepared-"))
             atexit.register(shutil.rmtree, kept, ignore_errors=True)
-            shutil.copy2(self.var / DATABASE_FILE, kept / DATABASE_FILE)
-            shutil.copytree(self.var / "static", kept / "static", copy_function=_link_or_copy)
+            _copy_prepared(self.var, kept)
             self._prepared[self.root] = kept
 
     def ready(self) -> bool:
