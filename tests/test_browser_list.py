@@ -111,6 +111,22 @@ def test_a_filtered_list_takes_in_a_run_that_comes_to_match(tab, embedded_site):
     page.wait_for_selector(f'{row_of(run)}[data-end-cause="cancelled"]')
 
 
+def test_a_run_that_comes_to_match_takes_its_place_below_newer_rows(tab, embedded_site):
+    older, newer = start(embedded_site, "demo.hang"), start(embedded_site, "demo.hang")
+    for run in (older, newer):
+        wait_state(embedded_site, run, "running")
+    embedded_site.call("POST", f"/api/runs/{newer['id']}/cancel/?wait=2")
+    page = tab.open("/?by_agent=demo.hang&status=cancelled")
+    page.wait_for_selector(row_of(newer))
+    embedded_site.call("POST", f"/api/runs/{older['id']}/cancel/?wait=2")
+    page.wait_for_selector(f'{row_of(older)}[data-end-cause="cancelled"]')
+    shown = page.eval_on_selector_all("tr.run", "rows => rows.map(r => r.dataset.runId)")
+    assert shown.index(newer["id"]) < shown.index(older["id"])
+    created = page.eval_on_selector_all(
+        "tr.run time[data-field=created]", "times => times.map(t => Date.parse(t.dateTime))")
+    assert created == sorted(created, reverse=True)
+
+
 def test_search_finds_the_short_id_shown_and_the_agent(tab, embedded_site):
     run = start(embedded_site, "demo.steps", {"steps": 1, "step_seconds": 0.05})
     page = tab.open(f"/?q={run['id'][:8]}")

@@ -51,6 +51,9 @@ function listPage(table) {
     showDurations(row);
     stepTimes(row);
   };
+  // A row's creation time (ms), as the server wrote it.
+  const createdOf = (row) =>
+    Date.parse(row.querySelector('time[data-field="created"]')?.getAttribute("datetime")) || 0;
   for (const row of body.querySelectorAll("tr.run")) { known(row); stamp(row); }
 
   const redrawTimes = liveTimes(table);
@@ -91,7 +94,13 @@ function listPage(table) {
         if (twisty.getAttribute("aria-expanded") === "false") fresh.hidden = true;
       }
     } else {
-      body.prepend(fresh);
+      // Newest first: before the first top-level row it is newer than, else last.
+      const when = createdOf(fresh);
+      const next = [...body.querySelectorAll("tr.run:not(.child)")].find(
+        (row) => row !== fresh && createdOf(row) < when);
+      if (next) next.before(fresh);
+      else if (body.querySelector("tr.more")) body.querySelector("tr.more").before(fresh);
+      else body.append(fresh);
     }
   }
 
@@ -213,16 +222,11 @@ function listPage(table) {
       ask(run.id);
       return true;
     }
-    if (newestFirst && !run.parent_id) {
-      const first = body.querySelector("tr.run:not(.child) time[data-field='created']");
-      const newest = first?.getAttribute("datetime");
-      const more = body.querySelector("tr.more");
-      // Older runs are one "Load more" away, or not in this page's range at all.
-      if (newest && run.created_at < newest && (more || rows.size)) return false;
-    }
-    if (run.parent_id && !rows.has(run.parent_id) && newestFirst) {
-      const first = body.querySelector("tr.run time[data-field='created']")?.getAttribute("datetime");
-      if (first && run.created_at < first) return false;
+    // Newest first, a run older than every row shown belongs to the pages "Load more" has
+    // not brought yet: it is shown when they are. One in between takes its place in order.
+    if (newestFirst && (!run.parent_id || !rows.has(run.parent_id)) && body.querySelector("tr.more")) {
+      const oldest = [...body.querySelectorAll("tr.run:not(.child)")].at(-1);
+      if (oldest && Date.parse(run.created_at) < createdOf(oldest)) return false;
     }
     ask(run.id);
     return true;
