@@ -281,3 +281,73 @@ def test_an_endpoint_made_just_before_a_run_ends_gets_its_delivery():
     assert domain.attempt_finish(run_id=last.id, generation=generation,
                                  ending=Ending.completed())
     assert WebhookDelivery.objects.filter(type="run.ended").count() == 2
+
+
+# --- the last step and the end -------------------------------------------------------------
+
+
+class Changes:
+    """The changes the transitions publish after commit (``outside.changes``)."""
+
+    def __init__(self):
+        self.sent = []
+
+    def publish_changes(self, *, changes):
+        self.sent += [(event.kind, event.seq, run.state, run.steps, run.tokens, run.version,
+                       run.updated_at) for run, event in changes]
+
+    def publish_activity(self, *, run_id, entries):
+        pass
+
+
+def ended_with_its_last_step(together: bool, changes, capture) -> tuple[Run, list, list]:
+    """A run whose last step (with an activity entry) is written with its end, or (not
+    ``together``) in a transaction before it: the run, its events and the statements of
+    the end."""
+    run, generation = running_run()
+    step = {"tokens": 7, "agent_state": {"at": "ü"}, "data": {"note": "last"}}
+    entry = [{"kind": "log", "text": "before the step"}]
+    if not together:
+        with capture(execute=True):
+            domain.attempt_step(run_id=run.id, generation=generation, activity=entry, **step)
+    with CaptureQueriesContext(connection) as queries, capture(execute=True):
+        assert domain.attempt_finish(
+            run_id=run.id, generation=generation, ending=Ending.completed({"answer": 42}),
+            **({"step": step, "activity": entry} if together else {}))
+    events = list(Event.objects.filter(run=run).order_by("seq")
+                  .values_list("kind", "version", "state", "data"))
+    return Run.objects.get(pk=run.id), events, statements(queries)
+
+
+@pytest.mark.django_db
+def test_a_last_step_and_the_end_are_one_statement_that_writes_what_two_would(
+        monkeypatch, django_capture_on_commit_callbacks):
+    changes = Changes()
+    monkeypatch.setattr("runs.domain.outside.changes", changes)
+    apart, apart_events, _ = ended_with_its_last_step(
+        False, changes, django_capture_on_commit_callbacks)
+    published_apart, changes.sent = changes.sent, []
+    run, events, sent = ended_with_its_last_step(True, changes, django_capture_on_commit_callbacks)
+
+    assert events == apart_events
+    assert [kind for kind, *_ in events][-2:] == ["step", "ended"]
+    fields = ("state", "end_cause", "output", "steps", "tokens", "agent_state", "version",
+              "activity_last", "activity_agent", "activity_apart")
+    assert ([getattr(run, name) for name in fields]
+            == [getattr(apart, name) for name in fields])
+    assert run.activity.count() == apart.activity.count() == 1
+    # The step's change shows the run as the step left it, the end's as the end did, in
+    # the order of their events.
+    def shown(published):  # what each change shows of the run, but its seq and time
+        return [(change[0], *change[2:6]) for change in published[-2:]]
+
+    assert shown(changes.sent) == shown(published_apart)
+    step_change, end_change = changes.sent[-2:]
+    assert step_change[0] == "step" and end_change[0] == "ended"
+    assert step_change[2:6] == ("running", 1, 7, apart.version - 1)
+    assert end_change[2:6] == ("ended", 1, 7, apart.version)
+    assert step_change[1] < end_change[1]
+    assert step_change[6] is not None and step_change[6] <= end_change[6]
+    if connection.vendor == "postgresql":
+        writes = [s for s in sent if s.startswith("WITH ")]
+        assert len(writes) == 1 and writes[0].count('UPDATE "runs_run"') == 1

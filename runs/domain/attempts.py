@@ -349,9 +349,10 @@ def attempt_finish(*, run_id, generation: int, ending: Ending, actor: str | None
 
     ``step``: the attempt's last step, not written yet (``attempt_step``'s arguments but
     the run's and the generation): written first in the same transaction, its ``step``
-    event (with the activity) before the ``ended`` one. It is refused with the end when
-    the attempt is not the live one any more, as ``attempt_step`` would refuse it alone."""
-    with transaction.atomic():
+    event (with the activity) before the ``ended`` one, and in the same statement
+    (``sql.together``). It is refused with the end when the attempt is not the live one
+    any more, as ``attempt_step`` would refuse it alone."""
+    with transaction.atomic(), sql.together():
         run = locked_run(run_id)
         if step is not None and run.state == RunState.RUNNING and run.generation == generation:
             _record_step(run, **step, activity=list(activity))

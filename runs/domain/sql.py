@@ -25,7 +25,9 @@ converted as the ORM converts them. tests/test_sql.py holds each statement to th
 """
 
 import datetime
+import threading
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 
@@ -269,18 +271,61 @@ class Keys:
     unless: dict
 
 
+class _Joining(threading.local):
+    """The state of this thread's ``together`` block: whether its first write is still to
+    come or held, and that write's parts."""
+    waiting = False
+    held: tuple = ()
+
+
+_joining = _Joining()
+
+
+@contextmanager
+def together():
+    """Make the block's first write with its second, as one statement on PostgreSQL: the
+    two transitions a transaction makes of one run (its last step and its end) cost one.
+    The first write is held if it reads nothing; the Updates of one row the two make are
+    made one (the second's values, for every field either names), their Inserts of one
+    model one, in order (so an automatic key, an event's ``seq``, still follows the
+    order of the writes). Until then nothing of the held write is in the database:
+    neither the second write's reads nor any other read of the block sees it. Later
+    writes are made as they come; elsewhere than on PostgreSQL, all of them. Inside a
+    transaction only, which the held write joins."""
+    if connection.vendor != "postgresql" or _joining.waiting:
+        yield
+        return
+    _joining.waiting = True
+    try:
+        yield
+        held = _joining.held
+        _joining.waiting, _joining.held = False, ()
+        if held:  # no second write came
+            write(*held)
+    finally:
+        _joining.waiting, _joining.held = False, ()
+
+
 def write(*parts) -> list:
     """Make the writes ``parts`` (``Update``, ``UpdateWhere``, ``Insert``), in one statement
     on PostgreSQL, one after the other elsewhere, and read the ``Keys`` and ``Exists``
     parts, which come after them: returns their answers in order (a list of keys, a
     bool). The parts must not write the same rows: in one statement, PostgreSQL makes them
-    all against the same snapshot, in no set order."""
+    all against the same snapshot, in no set order (``together`` makes the writes of one
+    row one)."""
     reads = [part for part in parts if isinstance(part, (Keys, Exists))]
     writes = parts[:len(parts) - len(reads)]
     if any(isinstance(part, (Keys, Exists)) for part in writes):
         raise ValueError("The Keys and Exists parts of a write come after its writes.")
     if connection.vendor != "postgresql":
         return _write_by_orm(writes, reads)
+    if _joining.waiting:  # the first or the second write of a ``together`` block
+        if not _joining.held and not reads:
+            _joining.held = parts
+            return []
+        writes = _merged([*_joining.held, *writes])
+        _joining.waiting, _joining.held = False, ()
+        parts = (*writes, *reads)
 
     shape, params = [], []
     db = connections[DEFAULT_DB_ALIAS]  # what ``connection`` stands for, looked up once
@@ -329,6 +374,41 @@ def write(*parts) -> list:
             pk = part.model._meta.pk
             answers.append(sorted(pk.to_python(key) for key in by_part.get(index, [])))
     return answers
+
+
+def _merged(writes: list) -> list:
+    """``writes`` with the Updates of one row made one, at the place of the first, with
+    the last one's instance (which holds every value the transaction gave the row) and
+    every field named; and the Inserts of one model made one, in order. The instances of
+    the Updates left out get their ``auto_now`` values all the same, as ``save`` gives
+    them. A row inserted and updated is refused: the update would not see it."""
+    merged, at = [], {}
+    db = connections[DEFAULT_DB_ALIAS]
+    inserted = {(type(made), made.pk) for part in writes if isinstance(part, Insert)
+                for made in part.instances if made.pk is not None}
+    for part in writes:
+        if isinstance(part, Update):
+            key = ("update", type(part.instance), part.instance.pk)
+            if key[1:] in inserted:  # the update would not see the row: one snapshot
+                raise ValueError("A row inserted is updated in the same statement.")
+        elif isinstance(part, Insert):
+            key = ("insert", type(part.instances[0]))
+        else:
+            merged.append(part)
+            continue
+        if key not in at:
+            at[key] = len(merged)
+            merged.append(part)
+            continue
+        before = merged[at[key]]
+        if isinstance(part, Update):
+            model = type(part.instance)
+            _saved_values([], _saving(model, before.names, False), (before.instance,), False, db)
+            merged[at[key]] = Update(part.instance,
+                                     tuple(dict.fromkeys((*before.names, *part.names))))
+        else:
+            merged[at[key]] = Insert((*before.instances, *part.instances))
+    return merged
 
 
 def _saved_values(params: list, saving: tuple, instances, add: bool, db) -> None:
