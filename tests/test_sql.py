@@ -182,6 +182,69 @@ def test_write_of_inserts_that_refer_to_each_other_in_one_statement():
         assert columns(run)["input"] == run.input
 
 
+AWKWARD = ['a,"b"}{', "NULL", "back\\slash", "", "ü\n"]  # hard for an array literal
+
+
+def test_many_rows_are_written_as_the_orm_writes_each_whatever_their_number():
+    now = timezone.now()
+    for count in (2, 5):
+        values = [{"agent": "demo.steps", "input": [{"n": n}, [None], "s", 1.5][n % 4],
+                   "thread_id": AWKWARD[n % len(AWKWARD)], "max_tokens": [None, 2**40][n % 2],
+                   "max_seconds": [2.5, None][n % 2], "dispatched_at": now, "version": 1}
+                  for n in range(count)]
+        made = tuple(sql.new(Run, **v) for v in values)
+        by_orm = [Run.objects.create(**v) for v in values]
+        with CaptureQueriesContext(connection) as queries, transaction.atomic():
+            sql.write(sql.Insert(made))
+        for mine, theirs in zip(made, by_orm, strict=True):
+            mine, theirs = columns(mine), columns(theirs)
+            for differs in ("id", "created_at", "updated_at"):
+                mine.pop(differs), theirs.pop(differs)
+            assert mine == theirs
+        # The same fields of each row, each its own values: one part of the statement.
+        for n, run in enumerate(made):
+            run.steps, run.agent_state = n + 1, [{"at": AWKWARD[n % len(AWKWARD)]}, None][n % 2]
+            run.version += 1
+        with transaction.atomic():
+            sql.write(*(sql.Update(run, ("steps", "agent_state", "version", "updated_at"))
+                        for run in made))
+        for n, run in enumerate(made):
+            assert (columns(run)["steps"], columns(run)["agent_state"],
+                    columns(run)["version"]) == (n + 1, run.agent_state, 2)
+        if connection.vendor == "postgresql":
+            [statement] = [q["sql"] for q in queries.captured_queries if "INSERT" in q["sql"]]
+            assert "UNNEST" in statement
+
+
+@pytest.mark.postgres
+def test_a_write_of_many_rows_is_one_statement_whatever_their_number():
+    """Its text is the same for 2 rows or 50, so the driver and the server parse it once;
+    and it has one parameter per column, not one per value."""
+    sent = []
+
+    def wrapper(execute, statement, params, many, context):
+        if statement.startswith("WITH "):
+            sent.append((statement, len(params)))
+        return execute(statement, params, many, context)
+
+    now = timezone.now()
+    for count in (2, 50):
+        runs = tuple(sql.new(Run, agent="demo.steps", input={"n": n}, dispatched_at=now,
+                             version=1) for n in range(count))
+        events = tuple(sql.new(Event, run=run, version=1, kind=EventKind.CREATED,
+                               state=run.state, generation=0) for run in runs)
+        with connection.execute_wrapper(wrapper), transaction.atomic():
+            sql.write(sql.Insert(runs), sql.Insert(events))
+            for run in runs:
+                run.version = 2
+            sql.write(*(sql.Update(run, ("version", "updated_at")) for run in runs))
+    (insert_2, insert_params), (update_2, update_params), (insert_50, _), (update_50, _) = sent
+    assert insert_2 == insert_50 and update_2 == update_50
+    assert insert_params == len(sql._inserted_fields(Run)) + len(sql._inserted_fields(Event))
+    assert update_params == 3  # version, updated_at and the keys
+    assert Run.objects.filter(version=2).count() == 52
+
+
 def test_lock_many_at_reads_the_database_clock_with_the_rows():
     run = queued_run()
     with transaction.atomic():

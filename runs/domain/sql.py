@@ -329,8 +329,14 @@ def write(*parts) -> list:
 
     shape, params = [], []
     db = connections[DEFAULT_DB_ALIAS]  # what ``connection`` stands for, looked up once
+    parts = _grouped(parts)
     for part in parts:
-        if isinstance(part, Update):
+        if isinstance(part, _UpdateMany):
+            model = part.model
+            shape.append(("update_many", model, part.names))
+            params += _columns(_saving(model, part.names, False), part.instances, False, db)
+            params.append([_prepared(model, model._meta.pk.name, i.pk) for i in part.instances])
+        elif isinstance(part, Update):
             model = type(part.instance)
             names = tuple(part.names)
             shape.append(("update", model, names))
@@ -343,9 +349,13 @@ def write(*parts) -> list:
                        in zip(_saving(part.model, names, False), part.values.values(),
                                   strict=True)]
             params += [_prepared(part.model, n, v) for n, v in part.where.items()]
+        elif isinstance(part, Insert) and len(part.instances) > 1:
+            model = type(part.instances[0])
+            shape.append(("insert_many", model))
+            params += _columns(_saving(model, None, True), part.instances, True, db)
         elif isinstance(part, Insert):
             model = type(part.instances[0])
-            shape.append(("insert", model, len(part.instances)))
+            shape.append(("insert", model))
             _saved_values(params, _saving(model, None, True), part.instances, True, db)
         elif isinstance(part, Exists):
             shape.append(("exists", part.model, tuple(part.where)))
@@ -360,20 +370,56 @@ def write(*parts) -> list:
     by_part: dict[int, list] = {}
     for index, key in returned:
         by_part.setdefault(index, []).append(key)
-    for index, part in enumerate(writes):
+    answers = []
+    for index, part in enumerate(parts):
         if isinstance(part, Insert) and _automatic_key(type(part.instances[0])) is not None:
             auto = _automatic_key(type(part.instances[0]))
-            # PostgreSQL returns the rows in the order of VALUES (bulk_create relies on it).
+            # PostgreSQL returns the rows in the order of VALUES, and of UNNEST (Django's
+            # bulk_create relies on both).
             for instance, key in zip(part.instances, by_part[index], strict=True):
                 setattr(instance, auto.attname, auto.to_python(key))
-    answers = []
-    for index, part in enumerate(parts[len(writes):], start=len(writes)):
-        if isinstance(part, Exists):
+        elif isinstance(part, Exists):
             answers.append(index in by_part)
-        else:
+        elif isinstance(part, Keys):
             pk = part.model._meta.pk
             answers.append(sorted(pk.to_python(key) for key in by_part.get(index, [])))
     return answers
+
+
+@dataclass(frozen=True)
+class _UpdateMany:
+    """The Updates of a write that name the same fields of rows of one model: one part."""
+    model: type
+    names: tuple
+    instances: tuple
+
+
+def _grouped(parts) -> list:
+    """``parts`` with the Updates that name the same fields of one model's rows made one
+    ``_UpdateMany``, at the place of the first (a claim's runs): one part, whose statement
+    is the same however many rows it writes."""
+    grouped, at = [], {}
+    for part in parts:
+        if not isinstance(part, Update):
+            grouped.append(part)
+            continue
+        key = (type(part.instance), tuple(part.names))
+        if key not in at:
+            at[key] = len(grouped)
+            grouped.append(part)
+            continue
+        first = grouped[at[key]]
+        instances = (first.instances if isinstance(first, _UpdateMany) else (first.instance,))
+        grouped[at[key]] = _UpdateMany(key[0], key[1], (*instances, part.instance))
+    return grouped
+
+
+def _columns(saving: tuple, instances, add: bool, db) -> list:
+    """Each field's values over ``instances`` as ``save`` writes them, one list per field:
+    the arrays that ``UNNEST`` makes rows of again."""
+    flat = []
+    _saved_values(flat, saving, instances, add, db)
+    return [flat[column::len(saving)] for column in range(len(saving))]
 
 
 def _merged(writes: list) -> list:
@@ -545,6 +591,13 @@ def _condition(model, where, unless=()) -> str:
                          *(f"{column(n)} <> %s" for n in unless)])
 
 
+def _array_type(model, name: str) -> str:
+    """The type of an array of the values of ``model``'s field ``name``: its column's type
+    without a length, as Django's bulk_create on PostgreSQL casts its arrays (no value is
+    cut short on the way; the column still checks it)."""
+    return model._meta.get_field(name).db_type(connection).split("(")[0] + "[]"
+
+
 @cache
 def _write_sql(shape: tuple) -> str:
     """The one statement of ``write`` for parts of this ``shape`` (PostgreSQL): each part a
@@ -556,16 +609,30 @@ def _write_sql(shape: tuple) -> str:
         name = f"part{index}"
         table = quoted(model._meta.db_table)
         pk = quoted(model._meta.pk.column)
-        if kind in ("update", "update_where"):
+        if kind == "update_many":
+            names = rest[0]
+            columns = [model._meta.get_field(n).column for n in names]
+            arrays = ", ".join(f"%s::{_array_type(model, n)}" for n in (*names, model._meta.pk.name))
+            aliases = ", ".join(quoted(f"new_{c}") for c in (*columns, model._meta.pk.column))
+            assignments = ", ".join(f"{quoted(c)} = {quoted('rows')}.{quoted(f'new_{c}')}"
+                                    for c in columns)
+            query = (f"UPDATE {table} SET {assignments} FROM UNNEST({arrays}) AS "
+                     f"{quoted('rows')} ({aliases}) WHERE {table}.{pk} = "
+                     f"{quoted('rows')}.{quoted(f'new_{model._meta.pk.column}')}")
+        elif kind in ("update", "update_where"):
             names, where = rest[0], (rest[1] if kind == "update_where" else (model._meta.pk.name,))
             assignments = ", ".join(f"{quoted(model._meta.get_field(n).column)} = %s"
                                     for n in names)
             query = f"UPDATE {table} SET {assignments} WHERE {_condition(model, where)}"
-        elif kind == "insert":
+        elif kind in ("insert", "insert_many"):
             fields = _inserted_fields(model)
-            row = f"({', '.join(['%s'] * len(fields))})"
+            if kind == "insert":
+                rows = f"VALUES ({', '.join(['%s'] * len(fields))})"
+            else:  # one array per column, so one statement for any number of rows
+                rows = "SELECT * FROM UNNEST({})".format(
+                    ", ".join(f"%s::{_array_type(model, f.name)}" for f in fields))
             query = (f"INSERT INTO {table} ({', '.join(quoted(f.column) for f in fields)}) "
-                     f"VALUES {', '.join([row] * rest[0])}")
+                     f"{rows}")
             auto = _automatic_key(model)
             if auto is not None:
                 query += f" RETURNING {quoted(auto.column)}"
