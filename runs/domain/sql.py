@@ -612,7 +612,8 @@ def _write_sql(shape: tuple) -> str:
         if kind == "update_many":
             names = rest[0]
             columns = [model._meta.get_field(n).column for n in names]
-            arrays = ", ".join(f"%s::{_array_type(model, n)}" for n in (*names, model._meta.pk.name))
+            arrays = ", ".join(f"%s::{_array_type(model, n)}"
+                               for n in (*names, model._meta.pk.name))
             aliases = ", ".join(quoted(f"new_{c}") for c in (*columns, model._meta.pk.column))
             assignments = ", ".join(f"{quoted(c)} = {quoted('rows')}.{quoted(f'new_{c}')}"
                                     for c in columns)
