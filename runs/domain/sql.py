@@ -13,7 +13,12 @@ each call, which costs several times the CPU of the statement):
   the ``Keys`` and ``Exists`` it reads), as one statement on PostgreSQL (each a
   data-modifying ``WITH`` part) through ``connection.cursor()``. Elsewhere the same writes
   go through the ORM one after the other (``save(update_fields=)``, ``QuerySet.update``,
-  ``bulk_create``).
+  ``bulk_create``). Rows of one model written alike (a batch's runs and events, a claim's
+  runs) are one part whose values come as one array per column (``UNNEST``, as Django's
+  own ``bulk_create`` inserts on PostgreSQL): the statement is the same for 2 rows or 50,
+  so the driver and the server each parse it once, and it has a parameter per column
+  rather than per value. ``together`` makes a transaction's first write with its second
+  (a run's last step and its end).
 
 The SQL is plain text built once per model and shape from the models' ``_meta``, every
 identifier quoted. Values go through the fields' own ``pre_save``, ``get_db_prep_save``
