@@ -300,7 +300,7 @@ class Changes:
         pass
 
 
-def ended_with_its_last_step(together: bool, changes, capture) -> tuple[Run, list, list]:
+def ended_with_its_last_step(together: bool, capture) -> tuple[Run, list, list]:
     """A run whose last step (with an activity entry) is written with its end, or (not
     ``together``) in a transaction before it: the run, its events and the statements of
     the end."""
@@ -324,10 +324,9 @@ def test_a_last_step_and_the_end_are_one_statement_that_writes_what_two_would(
         monkeypatch, django_capture_on_commit_callbacks):
     changes = Changes()
     monkeypatch.setattr("runs.domain.outside.changes", changes)
-    apart, apart_events, _ = ended_with_its_last_step(
-        False, changes, django_capture_on_commit_callbacks)
+    apart, apart_events, _ = ended_with_its_last_step(False, django_capture_on_commit_callbacks)
     published_apart, changes.sent = changes.sent, []
-    run, events, sent = ended_with_its_last_step(True, changes, django_capture_on_commit_callbacks)
+    run, events, sent = ended_with_its_last_step(True, django_capture_on_commit_callbacks)
 
     assert events == apart_events
     assert [kind for kind, *_ in events][-2:] == ["step", "ended"]
