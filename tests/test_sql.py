@@ -394,3 +394,23 @@ def test_a_new_row_takes_each_value_and_default_as_the_constructor_does():
         sql.new(Event, run=Attempt(run=run), version=2, kind=EventKind.STEP)
     with pytest.raises(TypeError):  # and what is no field
         sql.new(Event, run=run, nothing=1)
+
+
+@pytest.mark.postgres
+def test_together_joins_the_first_write_to_the_second_and_refuses_a_row_inserted_then_updated():
+    run = queued_run()
+    event = sql.new(Event, run=run, version=run.version + 1, kind=EventKind.STEP,
+                    state=run.state, generation=0, data={"n": 1})
+    with transaction.atomic(), sql.together():
+        assert sql.write(sql.Insert((event,))) == []  # held: nothing written yet
+        assert not Event.objects.filter(run=run, kind=EventKind.STEP).exists()
+        run.version += 1
+        sql.write(sql.Update(run, ("version", "updated_at")))
+    assert columns(run)["version"] == run.version and columns(event)["data"] == {"n": 1}
+
+    made = sql.new(Run, agent="demo.steps", input={}, dispatched_at=timezone.now(), version=1)
+    with pytest.raises(ValueError, match="inserted is updated"), transaction.atomic():
+        with sql.together():
+            sql.write(sql.Insert((made,)))
+            sql.write(sql.Update(made, ("version", "updated_at")))
+    assert not Run.objects.filter(pk=made.pk).exists()

@@ -399,24 +399,35 @@ class _UpdateMany:
     instances: tuple
 
 
+def _combined(parts, key, join) -> list:
+    """``parts`` with those of one ``key(part)`` made one, ``join(first, later)``, at the
+    place of the first; a part whose key is None stays as it is."""
+    combined, at = [], {}
+    for part in parts:
+        found = key(part)
+        if found is None:
+            combined.append(part)
+        elif found in at:
+            combined[at[found]] = join(combined[at[found]], part)
+        else:
+            at[found] = len(combined)
+            combined.append(part)
+    return combined
+
+
 def _grouped(parts) -> list:
     """``parts`` with the Updates that name the same fields of one model's rows made one
-    ``_UpdateMany``, at the place of the first (a claim's runs): one part, whose statement
-    is the same however many rows it writes."""
-    grouped, at = [], {}
-    for part in parts:
-        if not isinstance(part, Update):
-            grouped.append(part)
-            continue
-        key = (type(part.instance), tuple(part.names))
-        if key not in at:
-            at[key] = len(grouped)
-            grouped.append(part)
-            continue
-        first = grouped[at[key]]
-        instances = (first.instances if isinstance(first, _UpdateMany) else (first.instance,))
-        grouped[at[key]] = _UpdateMany(key[0], key[1], (*instances, part.instance))
-    return grouped
+    ``_UpdateMany`` (a claim's runs): one part, whose statement is the same however many
+    rows it writes."""
+    def key(part):
+        return (type(part.instance), tuple(part.names)) if isinstance(part, Update) else None
+
+    def join(first, later):
+        instances = first.instances if isinstance(first, _UpdateMany) else (first.instance,)
+        return _UpdateMany(type(later.instance), tuple(later.names),
+                           (*instances, later.instance))
+
+    return _combined(parts, key, join)
 
 
 def _columns(saving: tuple, instances, add: bool, db) -> list:
@@ -433,33 +444,26 @@ def _merged(writes: list) -> list:
     every field named; and the Inserts of one model made one, in order. The instances of
     the Updates left out get their ``auto_now`` values all the same, as ``save`` gives
     them. A row inserted and updated is refused: the update would not see it."""
-    merged, at = [], {}
     db = connections[DEFAULT_DB_ALIAS]
     inserted = {(type(made), made.pk) for part in writes if isinstance(part, Insert)
                 for made in part.instances if made.pk is not None}
-    for part in writes:
+
+    def key(part):
         if isinstance(part, Update):
-            key = ("update", type(part.instance), part.instance.pk)
-            if key[1:] in inserted:  # the update would not see the row: one snapshot
+            row = (type(part.instance), part.instance.pk)
+            if row in inserted:  # the update would not see the row: one snapshot
                 raise ValueError("A row inserted is updated in the same statement.")
-        elif isinstance(part, Insert):
-            key = ("insert", type(part.instances[0]))
-        else:
-            merged.append(part)
-            continue
-        if key not in at:
-            at[key] = len(merged)
-            merged.append(part)
-            continue
-        before = merged[at[key]]
-        if isinstance(part, Update):
-            model = type(part.instance)
-            _saved_values([], _saving(model, before.names, False), (before.instance,), False, db)
-            merged[at[key]] = Update(part.instance,
-                                     tuple(dict.fromkeys((*before.names, *part.names))))
-        else:
-            merged[at[key]] = Insert((*before.instances, *part.instances))
-    return merged
+            return ("update", *row)
+        return ("insert", type(part.instances[0])) if isinstance(part, Insert) else None
+
+    def join(before, later):
+        if isinstance(later, Insert):
+            return Insert((*before.instances, *later.instances))
+        model = type(later.instance)
+        _saved_values([], _saving(model, before.names, False), (before.instance,), False, db)
+        return Update(later.instance, tuple(dict.fromkeys((*before.names, *later.names))))
+
+    return _combined(writes, key, join)
 
 
 def _saved_values(params: list, saving: tuple, instances, add: bool, db) -> None:
