@@ -1,6 +1,7 @@
 """The transitions of SPEC §2 and the finish boundary of §3, one domain call at a time."""
 
 import json
+import threading
 import uuid
 from datetime import timedelta
 from functools import partial
@@ -10,6 +11,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
+from harness.processes import wait_until
 from runs import domain
 from runs.domain import Ending, sql
 from runs.models import (
@@ -354,6 +356,49 @@ def test_due_runs_go_to_workers_in_chunks_and_later_ones_alone(settings, monkeyp
                     ([str(n) for n in range(8, 16)], None),
                     (["16", "17", "18"], None),
                     (["99"], later)]
+
+
+def test_runs_queued_while_a_send_is_under_way_go_together_in_the_next(monkeypatch):
+    """The first run goes at once; those queued while its message is being sent share the
+    next message, in order; and after that a lone run goes at once again."""
+    from runs.workers import dispatch
+
+    sent, sending, release = [], threading.Event(), threading.Event()
+
+    def send_task(name, args, eta=None, **kwargs):
+        sent.append(args[0])
+        sending.set()
+        assert release.wait(10)
+
+    monkeypatch.setattr("runs.workers.dispatch.current_app.send_task", send_task)
+    dispatches = dispatch.Dispatches()
+    dispatches.add([("a", None)])
+    assert sending.wait(10)
+    dispatches.add([("b", None)])
+    dispatches.add([("c", None), ("d", None)])
+    assert sent == [["a"]]  # b, c and d wait for a's send
+    release.set()
+    wait_until(lambda: sent == [["a"], ["b", "c", "d"]])
+    dispatches.add([("e", None)])
+    wait_until(lambda: sent == [["a"], ["b", "c", "d"], ["e"]])
+
+
+def test_a_send_that_fails_leaves_the_runs_queued_next_free_to_go(monkeypatch):
+    from runs.workers import dispatch
+
+    sent = []
+
+    def send_runs(*, runs):
+        sent.append(runs)
+        if len(sent) == 1:
+            raise RuntimeError("a fault the send did not expect")
+
+    monkeypatch.setattr(dispatch, "send_runs", send_runs)
+    dispatches = dispatch.Dispatches()
+    dispatches.add([("a", None)])
+    wait_until(lambda: len(sent) == 1)
+    dispatches.add([("b", None)])
+    wait_until(lambda: sent == [[("a", None)], [("b", None)]])
 
 
 def test_one_claim_takes_every_queued_due_run_of_a_message_and_skips_the_rest():

@@ -9,6 +9,7 @@ renewal or is applied when the lease expires.
 """
 
 import logging
+import threading
 import time
 
 from celery import current_app
@@ -40,10 +41,59 @@ NOT_ACTIVE = Counter("awaken_not_active", "Live commands this process sent that 
 
 def runs_queued(*, runs) -> None:
     """Runs became queued: hand each ``(run_id, start_after)`` to a worker, from a broker
-    thread (the caller does not wait). A dispatch no broker thread has room for is sent
-    again by the sweeper, as a lost message would be."""
-    if broker_threads().post(send_runs, runs=list(runs)) is None:
-        log.warning("broker threads full: %d queued run(s) left for the sweeper", len(runs))
+    thread (the caller does not wait). Runs queued while a send is being made go together
+    in the next one (``Dispatches``)."""
+    dispatches.add(list(runs))
+
+
+class Dispatches:
+    """The queued runs of this process on their way to the broker, one send at a time.
+
+    A run queued while no send is under way is sent at once, from a broker thread. Runs
+    queued while one is under way wait for it and then go together: the runs of concurrent
+    requests share task messages, and so a worker's claim transaction, as a batch's do,
+    and nothing waits for a batch to fill. Past ``LIMIT`` runs waiting (a broker that does
+    not answer), or with no broker thread free, the runs are left to the sweeper, which
+    sends queued runs again as it would lost messages.
+    """
+
+    LIMIT = 10_000
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pending: list = []
+        self._sending = False
+
+    def add(self, runs: list) -> None:
+        with self._lock:
+            if len(self._pending) + len(runs) > self.LIMIT:
+                log.warning("%d runs wait for the broker: %d queued run(s) left for the "
+                            "sweeper", len(self._pending), len(runs))
+                return
+            self._pending.extend(runs)
+            if self._sending:
+                return
+            self._sending = True
+        if broker_threads().post(self._send_pending) is None:
+            with self._lock:
+                left, self._pending, self._sending = len(self._pending), [], False
+            log.warning("broker threads full: %d queued run(s) left for the sweeper", left)
+
+    def _send_pending(self) -> None:  # on a broker thread
+        while True:
+            with self._lock:
+                runs, self._pending = self._pending, []
+                if not runs:
+                    self._sending = False
+                    return
+            try:
+                send_runs(runs=runs)
+            except Exception:  # whatever it was, the runs queued next still go
+                log.exception("dispatch of %d run(s) failed; the sweeper sends them again",
+                              len(runs))
+
+
+dispatches = Dispatches()
 
 
 def send_runs(*, runs) -> None:
