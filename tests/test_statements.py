@@ -350,3 +350,40 @@ def test_a_last_step_and_the_end_are_one_statement_that_writes_what_two_would(
     if connection.vendor == "postgresql":
         writes = [s for s in sent if s.startswith("WITH ")]
         assert len(writes) == 1 and writes[0].count('UPDATE "runs_run"') == 1
+
+
+# --- planned once ------------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_the_claim_and_the_end_are_planned_while_a_connection_warms_up_and_then_never():
+    """psycopg prepares a statement on a connection's fifth run of it, and PostgreSQL
+    plans the first five executions of a prepared statement for their values. After that
+    it keeps one plan for any values, unless that plan is estimated dearer than plans made
+    for the values: then it plans every execution. A write whose cheap plan needs a
+    parameter's value (a partial index's condition, say) is planned at every run, which
+    for the end's statement is once per lifecycle."""
+    old = queued_run()  # a history of attempts, so that the planner's figures are not nil
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO runs_attempt (run_id, generation, state, close_reason, "
+                       "owner, lease_expires_at, started_at, closed_at) SELECT %s, n, "
+                       "'closed', 'lost', 'w', now(), now(), now() "
+                       "FROM generate_series(1, 5000) AS n", [old.id])
+        cursor.execute("ANALYZE runs_attempt")
+    entry = [{"kind": "log", "text": "a line"}]
+    for _ in range(15):
+        run = queued_run()
+        [attempt] = domain.attempts_start(run_ids=[run.id], owner="plans:1", lease_seconds=30)
+        assert domain.attempt_finish(run_id=run.id, generation=attempt.generation,
+                                     ending=Ending.completed({"n": 1}), activity=entry,
+                                     step={"tokens": 1, "agent_state": {}, "data": {}})
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement, generic_plans, custom_plans "
+                       "FROM pg_prepared_statements WHERE statement LIKE 'WITH %%'")
+        plans = {("claim" if '"runs_attempt" ("run_id"' in text else "end"): (generic, custom)
+                 for text, generic, custom in cursor.fetchall()
+                 if '"runs_attempt"' in text and '"runs_event"' in text}
+    assert set(plans) == {"claim", "end"}
+    for generic, custom in plans.values():
+        assert custom <= 5 and generic >= 3  # 15 runs: at most 4 + 5 planned

@@ -437,9 +437,13 @@ def _release(run: Run, reason: str, *, now, ran_until=None
              ) -> tuple[list[str], "sql.UpdateWhere"]:
     """``release_claim`` with the closing of the attempt left to the caller to write: the
     run fields changed, and that write."""
+    # The live attempt is the run's current generation, found by that unique key: a
+    # prepared statement cannot use the partial index on the live attempt (its state a
+    # parameter), so PostgreSQL would plan it afresh at every end instead.
     close = sql.UpdateWhere(Attempt, {"state": AttemptState.CLOSED,
                                       "close_reason": CloseReason(reason), "closed_at": now},
-                            {"run": run.pk, "state": AttemptState.LIVE})
+                            {"run": run.pk, "generation": run.generation,
+                             "state": AttemptState.LIVE})
     until = now if ran_until is None else min(now, ran_until)
     run.seconds_used += max(0.0, (until - run.claimed_at).total_seconds())
     run.owner = run.claimed_at = None
