@@ -849,3 +849,25 @@ def test_a_step_refused_on_its_delay_stops_the_attempt_in_its_wait():
     assert str(run.id) not in LAST_STEP and "attempt_finish" not in calls.names
     assert (run.error, run.steps) == ("worker lost", 0)
     assert [event.kind for event in events] == ["created", "started", "ended"]
+
+
+# --- a worker's connection pool ------------------------------------------------------------
+
+
+def test_a_pool_smaller_than_a_workers_threads_is_named_with_what_to_set():
+    short = commands.pool_shortfall(pool={"max_size": 12}, concurrency=8, db_threads=8)
+    assert "DB_POOL_MAX is 12" in short and "16 connections" in short
+    assert commands.pool_shortfall(pool={"max_size": 12}, concurrency=4, db_threads=8) is None
+    assert commands.pool_shortfall(pool=None, concurrency=100, db_threads=8) is None  # SQLite
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_whose_pool_is_too_small_does_not_start_and_says_why(tmp_path):
+    from harness.processes import Worker
+
+    worker = Worker(concurrency=8, extra_env={"DB_POOL_MAX": "4", "AWAKEN_DB_THREADS": "8"},
+                    log_dir=tmp_path)
+    worker.wait_exit(60)
+    assert worker.popen.returncode not in (None, 0, -9)
+    assert "set DB_POOL_MAX to 16 or more" in worker.log()

@@ -13,6 +13,7 @@ import time
 
 from celery.signals import worker_init
 from celery.worker.control import control_command
+from django.conf import settings
 from django.db import close_old_connections
 
 from runs.domain import selectors
@@ -32,6 +33,33 @@ REGISTRATION_WAIT = 0.5
 def remember_node_name(sender, **kwargs):
     global node_name
     node_name = sender.hostname
+
+
+@worker_init.connect
+def refuse_a_pool_too_small(sender, **kwargs):
+    """A worker whose threads may hold more database connections at once than its pool
+    opens would wait on itself: each database thread of the executor keeps its
+    connection, so with too few the claims of the task threads wait for a connection that
+    never comes back, and nothing runs. It does not start, and says why."""
+    short = pool_shortfall(pool=settings.DATABASES["default"].get("OPTIONS", {}).get("pool"),
+                           concurrency=sender.concurrency,
+                           db_threads=settings.AWAKEN_DB_THREADS)
+    if short:
+        log.critical(short)
+        raise SystemExit(short)  # a handler's Exception would be logged and passed over
+
+
+def pool_shortfall(*, pool, concurrency: int, db_threads: int) -> str | None:
+    """Why a connection ``pool`` (its options; None: none, as on SQLite) is too small for a
+    worker of ``concurrency`` task threads and ``db_threads`` database threads; None if it
+    is not."""
+    needed = concurrency + db_threads
+    if not isinstance(pool, dict) or pool.get("max_size", needed) >= needed:
+        return None
+    return (f"DB_POOL_MAX is {pool['max_size']}, but this worker's {concurrency} task "
+            f"threads and {db_threads} database threads (AWAKEN_DB_THREADS) may hold "
+            f"{needed} connections at once: set DB_POOL_MAX to {needed} or more, or lower "
+            "--concurrency or AWAKEN_DB_THREADS.")
 
 
 @control_command(
