@@ -358,9 +358,10 @@ def test_due_runs_go_to_workers_in_chunks_and_later_ones_alone(settings, monkeyp
                     (["99"], later)]
 
 
-def test_runs_queued_while_a_send_is_under_way_go_together_in_the_next(monkeypatch):
+def test_runs_queued_while_a_send_is_under_way_go_together_in_the_next(monkeypatch, settings):
     """The first run goes at once; those queued while its message is being sent share the
-    next message, in order; and after that a lone run goes at once again."""
+    next message, in order, but for a full message's worth, which goes at once; and after
+    that a lone run goes at once again."""
     from runs.workers import dispatch
 
     sent, sending, release = [], threading.Event(), threading.Event()
@@ -371,16 +372,18 @@ def test_runs_queued_while_a_send_is_under_way_go_together_in_the_next(monkeypat
         assert release.wait(10)
 
     monkeypatch.setattr("runs.workers.dispatch.current_app.send_task", send_task)
+    settings.AWAKEN_DISPATCH_CHUNK = 3
     dispatches = dispatch.Dispatches()
     dispatches.add([("a", None)])
     assert sending.wait(10)
     dispatches.add([("b", None)])
     dispatches.add([("c", None), ("d", None)])
-    assert sent == [["a"]]  # b, c and d wait for a's send
+    dispatches.add([("x", None), ("y", None), ("z", None)])  # a message on its own
+    wait_until(lambda: sent == [["a"], ["x", "y", "z"]])  # b, c and d wait for a's send
     release.set()
-    wait_until(lambda: sent == [["a"], ["b", "c", "d"]])
+    wait_until(lambda: sent == [["a"], ["x", "y", "z"], ["b", "c", "d"]])
     dispatches.add([("e", None)])
-    wait_until(lambda: sent == [["a"], ["b", "c", "d"], ["e"]])
+    wait_until(lambda: sent == [["a"], ["x", "y", "z"], ["b", "c", "d"], ["e"]])
 
 
 def test_a_send_that_fails_leaves_the_runs_queued_next_free_to_go(monkeypatch):

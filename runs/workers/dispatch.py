@@ -52,9 +52,11 @@ class Dispatches:
     A run queued while no send is under way is sent at once, from a broker thread. Runs
     queued while one is under way wait for it and then go together: the runs of concurrent
     requests share task messages, and so a worker's claim transaction, as a batch's do,
-    and nothing waits for a batch to fill. Past ``LIMIT`` runs waiting (a broker that does
-    not answer), or with no broker thread free, the runs are left to the sweeper, which
-    sends queued runs again as it would lost messages.
+    and nothing waits for a batch to fill. Runs that fill a message on their own
+    (``AWAKEN_DISPATCH_CHUNK``, a batch) have nothing to share and go at once, on a broker
+    thread of their own. Past ``LIMIT`` runs waiting (a broker that does not answer), or
+    with no broker thread free, the runs are left to the sweeper, which sends queued runs
+    again as it would lost messages.
     """
 
     LIMIT = 10_000
@@ -65,6 +67,11 @@ class Dispatches:
         self._sending = False
 
     def add(self, runs: list) -> None:
+        if len(runs) >= settings.AWAKEN_DISPATCH_CHUNK:
+            if broker_threads().post(send_runs, runs=runs) is None:
+                log.warning("broker threads full: %d queued run(s) left for the sweeper",
+                            len(runs))
+            return
         with self._lock:
             if len(self._pending) + len(runs) > self.LIMIT:
                 log.warning("%d runs wait for the broker: %d queued run(s) left for the "
