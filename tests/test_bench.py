@@ -77,7 +77,7 @@ def test_the_cpu_meter_counts_the_benchmark_apart_from_the_processes_it_started(
 def printed(load: float) -> str:
     out = StringIO()
     command = Command(stdout=out)
-    command.load = load
+    command.load, command.pace = load, 81.0
     command.print_table([("1 live", "something measured", [1.0, 2.0, 3.0], "a note",
                           f"{load:.2f}-0.10")])
     return out.getvalue()
@@ -86,6 +86,7 @@ def printed(load: float) -> str:
 def test_every_table_prints_the_load_and_warns_when_the_machine_was_loaded():
     quiet, loaded = printed(0.4), printed(3.5)
     assert "load average (1 min): 0.40 at the start" in quiet
+    assert "pace: a fixed loop took 81 ms of CPU at the start" in quiet
     assert "warning" not in quiet
     assert "load average (1 min): 3.50 at the start" in loaded
     assert "warning: the machine was loaded when the benchmark started" in loaded
@@ -95,7 +96,7 @@ def test_every_table_prints_the_load_and_warns_when_the_machine_was_loaded():
 def test_a_row_that_could_not_be_measured_says_why():
     out = StringIO()
     command = Command(stdout=out)
-    command.load = 0.2
+    command.load, command.pace = 0.2, 81.0
     command.print_table([("", "baseline: DBOS queue, workflows per second",
                           Failed("TimeoutError: timed out after 60 s"), "DBOS 3.4.0")])
     assert "failed: TimeoutError: timed out after 60 s; DBOS 3.4.0" in out.getvalue()

@@ -189,6 +189,17 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+def pace() -> float:
+    """Milliseconds of CPU that a fixed loop of pure Python takes now: the machine's pace.
+    A busy neighbour on the same host can change it by half with no load visible here, and
+    every figure of CPU per unit of work moves with it."""
+    started = time.thread_time()
+    total = 0
+    for number in range(1_000_000):
+        total += number * number
+    return (time.thread_time() - started) * 1000
+
+
 def load_span(before: float) -> str:
     """The load average at a measurement's start and now, and the CPUs that share it."""
     return f"load {before:.2f} -> {load_average():.2f} on {os.cpu_count()} CPUs"
@@ -306,7 +317,7 @@ class Command(BaseCommand):
         # A SIGTERM unwinds like Ctrl-C, so the processes the benchmark started are stopped
         # by the blocks that started them rather than left running.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        self.load = load_average()
+        self.load, self.pace = load_average(), pace()
         if self.load > 1.0:
             self.stderr.write(f"warning: the machine is loaded before the benchmark starts "
                               f"(load average {self.load:.2f} over the last minute, "
@@ -580,6 +591,9 @@ class Command(BaseCommand):
                           f"broker {broker}, Redis pub/sub channel layer; times in ms")
         self.stdout.write(f"load average (1 min): {start:.2f} at the start, "
                           f"{load_average():.2f} at the end, on {os.cpu_count()} CPUs")
+        self.stdout.write(f"pace: a fixed loop took {self.pace:.0f} ms of CPU at the start, "
+                          f"{pace():.0f} at the end (a slower machine spends more on "
+                          "everything, whatever the load)")
         if start > 1.0:
             self.stdout.write("warning: the machine was loaded when the benchmark started: "
                               "these figures are no verdict; rerun on a quiet machine")
