@@ -1,12 +1,12 @@
 """The ASGI application: HTTP to Django, websockets to the consumers.
 
-Every view is synchronous, so HTTP is served by Django's WSGI handler through asgiref's
-``WsgiToAsgi``: a request's middleware and view run as one call on one thread. Django's ASGI
-handler would hop between the event loop and a thread at each synchronous middleware, which
-cost a GET of one run 14 ms of CPU in process against 10 this way (the same as before any
-of this was public API). ``KeptRequestThreads`` gives each request a thread kept from one
-request to the next, ``closing`` gives Django its end of each request (``WsgiToAsgi``
-never closes a response), ``BodySizeLimit`` refuses large bodies before anything reads them,
+Every view is synchronous, so HTTP is served by Django's WSGI handler through
+``WsgiOnThreads``: a request's middleware and view run as one call on a thread kept from one
+request to the next, handed the request once and handing back the response once. Django's
+ASGI handler would hop between the event loop and a thread at each synchronous middleware,
+which cost a GET of one run 14 ms of CPU in process against 10 under asgiref's
+``WsgiToAsgi`` (and that one hops back to the loop for each part of the response).
+``BodySizeLimit`` refuses large bodies before anything reads them,
 ``AccessLog`` writes the access log, review tokens redacted, and ``RequestShare`` keeps
 each client to its share and leaves room for controls.
 The two event streams (``/api/runs/stream/``, ``/api/runs/{id}/stream/``) are routed to an
@@ -16,14 +16,13 @@ each would otherwise hold a thread.
 
 import os
 
-from asgiref.wsgi import WsgiToAsgi
 from django.core.wsgi import get_wsgi_application
 
-from awaken_site.wsgi_close import closing
+from awaken_site.wsgi_threads import WsgiOnThreads
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "awaken_site.settings")
 # get_wsgi_application sets Django up before the imports below.
-django_app = WsgiToAsgi(closing(get_wsgi_application()))
+django_app = WsgiOnThreads(get_wsgi_application())
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
@@ -31,7 +30,6 @@ from django.urls import re_path  # noqa: E402
 from awaken_site.body_limit import BodySizeLimit  # noqa: E402
 from awaken_site.logs import AccessLog  # noqa: E402
 from awaken_site.request_share import RequestShare  # noqa: E402
-from awaken_site.request_threads import KeptRequestThreads  # noqa: E402
 from runs.sockets import routing  # noqa: E402
 from runs.sockets.auth import SocketAuth  # noqa: E402
 from runs.sockets.daphne import DaphneBackPressure  # noqa: E402
@@ -43,7 +41,7 @@ application = Draining(ProtocolTypeRouter({
     # back-pressure reaches the connection through it (runs.sockets.daphne).
     "http": URLRouter([
         *routing.http_urlpatterns,
-        re_path(r"", AccessLog(BodySizeLimit(RequestShare(KeptRequestThreads(django_app))))),
+        re_path(r"", AccessLog(BodySizeLimit(RequestShare(django_app)))),
     ]),
     "websocket": DaphneBackPressure(SocketAuth(URLRouter(routing.websocket_urlpatterns))),
 }))

@@ -165,7 +165,7 @@ def test_other_scopes_pass_through_unchanged():
 
 def test_every_request_is_finished_and_gives_its_connection_back():
     # Django ends a request (request_finished: its database connection back to the pool)
-    # when the server closes the response; WsgiToAsgi alone never does.
+    # when the server closes the response (awaken_site/wsgi_threads.py).
     from django.core.signals import request_finished
 
     finished = []

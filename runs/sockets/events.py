@@ -58,9 +58,10 @@ class OwnContext:
     """ASGI middleware: ``app`` runs in a fresh ``contextvars`` context.
 
     A request on a kept-alive connection starts in the context of whatever daphne did last on
-    that connection, which after a response of Django's (``WsgiToAsgi`` sends it from the
-    request's thread through ``async_to_sync``) names that finished thread as the one for
-    synchronous calls: every ``database_sync_to_async`` of the stream would then fail."""
+    that connection. Had that set asgiref's thread-sensitive context (a response sent
+    through ``async_to_sync`` from a request's thread), it would name that finished thread
+    as the one for synchronous calls, and every ``database_sync_to_async`` of the stream
+    would fail."""
 
     def __init__(self, app):
         self.app = app
