@@ -360,12 +360,13 @@ def write(*parts) -> list:
             params += _columns(_saving(model, None, True), part.instances, True, db)
         elif isinstance(part, Insert):
             model = type(part.instances[0])
-            shape.append(("insert", model))
             values = []
             _saved_values(values, _saving(model, None, True), part.instances, True, db)
-            for _, columns, whole in _typed(model):
-                params.append([values[i] for i in columns] if whole is None else
-                              [None if values[i] is None else whole(values[i]) for i in columns])
+            # A NULL is left to a column without a default of the database's own: an
+            # insert names the columns it gives a value (``_given``).
+            given = _given(model, values)
+            shape.append(("insert", model, given))
+            params += [values[i] for i in given]
         elif isinstance(part, Exists):
             shape.append(("exists", part.model, tuple(part.where)))
             params += _question_params(part)
@@ -592,24 +593,23 @@ def _automatic_key(model):
     return model._meta.pk if model._meta.pk.db_returning else None
 
 
+def _given(model, values: list) -> tuple:
+    """The positions among ``_inserted_fields`` of the columns a one-row insert names:
+    every column but those whose value is None and whose database has no default for them
+    (NULL, then, as it would be given). A run and its event are then about 30 parameters,
+    not 54: the driver sends a statement of fewer parameters for less (psycopg, for one,
+    rewrites the placeholders of a statement of more than 50 at every execution, and keeps
+    the work for fewer). The statements are one per pattern of NULLs, a handful a model."""
+    nullable = _left_null(model)
+    return tuple(i for i, value in enumerate(values) if value is not None or i not in nullable)
+
+
 @cache
-def _typed(model) -> tuple:
-    """The columns an insert writes, by the type of an array of their values: for each
-    type, ``(array type, positions among _inserted_fields, whole)``, in their order. A row
-    goes as one array per type rather than one value per column: 15 parameters for a run
-    and its event, not 54. A statement of many parameters costs the driver more to send
-    (psycopg, for one, rewrites the placeholders of a statement of more than 50 at every
-    execution, and keeps the work for fewer). ``whole``: ``int`` for an array of integers,
-    whose values the backend gives as ints of the column's size, or as plain ints (a key
-    made by the database), which the driver cannot put in one array; else None."""
-    groups: dict[str, list[int]] = {}
-    for position, field in enumerate(_inserted_fields(model)):
-        groups.setdefault(_array_type(model, field.name), []).append(position)
-    return tuple((array_type, tuple(columns), int if array_type in _INTEGER_ARRAYS else None)
-                 for array_type, columns in groups.items())
-
-
-_INTEGER_ARRAYS = frozenset({"smallint[]", "integer[]", "bigint[]"})
+def _left_null(model) -> frozenset:
+    """The positions among ``_inserted_fields`` of the columns whose database default is
+    NULL (no ``db_default``)."""
+    return frozenset(i for i, field in enumerate(_inserted_fields(model))
+                     if field.db_default is models.NOT_PROVIDED)
 
 
 def _inserted_fields(model) -> list:
@@ -660,15 +660,9 @@ def _write_sql(shape: tuple) -> str:
             query = f"UPDATE {table} SET {assignments} WHERE {_condition(model, where)}"
         elif kind in ("insert", "insert_many"):
             fields = _inserted_fields(model)
-            if kind == "insert":  # one array per type of column (``_typed``)
-                groups = _typed(model)
-                at = {column: f"{quoted('row')}.{quoted(f'a{group}')}[{place}]"
-                      for group, (_, columns, _) in enumerate(groups)
-                      for place, column in enumerate(columns, 1)}
-                arrays = ", ".join(f"%s::{array_type} AS {quoted(f'a{group}')}"
-                                   for group, (array_type, _, _) in enumerate(groups))
-                rows = (f"SELECT {', '.join(at[i] for i in range(len(fields)))} "
-                        f"FROM (SELECT {arrays}) AS {quoted('row')}")
+            if kind == "insert":  # the columns given a value (``_given``)
+                fields = [fields[i] for i in rest[0]]
+                rows = f"VALUES ({', '.join(['%s'] * len(fields))})"
             else:  # one array per column, so one statement for any number of rows
                 rows = "SELECT * FROM UNNEST({})".format(
                     ", ".join(f"%s::{_array_type(model, f.name)}" for f in fields))
