@@ -68,9 +68,7 @@ class Dispatches:
 
     def add(self, runs: list) -> None:
         if len(runs) >= settings.AWAKEN_DISPATCH_CHUNK:
-            if broker_threads().post(send_runs, runs=runs) is None:
-                log.warning("broker threads full: %d queued run(s) left for the sweeper",
-                            len(runs))
+            posted(send_runs, f"{len(runs)} queued run(s)", runs=runs)
             return
         with self._lock:
             if len(self._pending) + len(runs) > self.LIMIT:
@@ -81,10 +79,9 @@ class Dispatches:
             if self._sending:
                 return
             self._sending = True
-        if broker_threads().post(self._send_pending) is None:
+        if not posted(self._send_pending, "the queued runs"):
             with self._lock:
-                left, self._pending, self._sending = len(self._pending), [], False
-            log.warning("broker threads full: %d queued run(s) left for the sweeper", left)
+                self._pending, self._sending = [], False
 
     def _send_pending(self) -> None:  # on a broker thread
         while True:
@@ -101,6 +98,15 @@ class Dispatches:
 
 
 dispatches = Dispatches()
+
+
+def posted(fn, what: str, **kwargs) -> bool:
+    """Whether ``fn(**kwargs)`` was handed to a broker thread; if not (all are busy), it
+    says so: ``what`` is left for the sweeper."""
+    if broker_threads().post(fn, **kwargs) is None:
+        log.warning("broker threads full: %s left for the sweeper", what)
+        return False
+    return True
 
 
 def send_runs(*, runs) -> None:
@@ -127,8 +133,7 @@ def send_runs(*, runs) -> None:
 def bulk_queued(*, job_id) -> None:
     """Hand a bulk job to a worker, from a broker thread. A message that is not sent is sent
     again by the sweeper, which watches the jobs that make no progress."""
-    if broker_threads().post(send_bulk, job_id=str(job_id)) is None:
-        log.warning("broker threads full: bulk job %s left for the sweeper", job_id)
+    posted(send_bulk, f"bulk job {job_id}", job_id=str(job_id))
 
 
 def send_bulk(*, job_id: str) -> None:
