@@ -21,7 +21,10 @@ from harness.management.commands.bench import (
     KeptConnection,
     dbos_cancels,
     dbos_lifecycle,
+    parameters_bench,
 )
+from runs.domain import sql
+from runs.models import Event, Run
 
 SPEC = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
 
@@ -172,3 +175,15 @@ def test_the_dbos_rows_of_lifecycle_and_cancel():
     assert stopped[1] == "baseline: DBOS cancel -> workflow code stops, 10 ms steps"
     assert len(stopped[2]) == 3 and "stopped by DBOSWorkflow" in stopped[3]
     assert dbos_databases() == []  # each part dropped its database
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_the_parameters_rows_name_what_a_run_and_its_event_send_each_way():
+    rows = parameters_bench(2)
+    every = len(sql._inserted_fields(Run)) + len(sql._inserted_fields(Event))
+    names = [measurement for _, measurement, _, _ in rows]
+    assert f"a run and its event as {every} values, every column, CPU" in names
+    given = int(names[0].split(" as ")[1].split()[0])
+    assert 0 < given < every  # the NULLs left to the columns
+    assert rows[0][2] == 1.0  # each against the first

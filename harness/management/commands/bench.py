@@ -878,7 +878,7 @@ class Command(BaseCommand):
         return rows
 
     def statements(self, transitions: int) -> list:
-        return statements_bench(transitions)
+        return statements_bench(transitions) + parameters_bench(transitions)
 
     def memory(self, attempts: int) -> list:
         """Resident memory of one worker process with ``attempts`` live attempts, minus its
@@ -1209,6 +1209,56 @@ def statements_bench(transitions: int) -> list:
                      f"{cpu[by_sql] / transitions * 1000:.3f} vs "
                      f"{cpu[by_orm] / transitions * 1000:.3f} ms per call"))
     return rows
+
+
+def parameters_bench(calls: int) -> list:
+    """What the driver costs for the parameters of one statement, the figures behind the
+    shape of ``sql.write``'s statements: one prepared ``SELECT`` of a run's values and its
+    event's, run ``calls`` times each way in turn through Django's cursor, with this
+    process's CPU per call. The ways: the 32 values a run and its event name (NULLs left
+    to the columns), all 54 of their columns named, and the 32 values as arrays of one
+    element each (the columns of an ``UNNEST``), then as one array per type of column."""
+    run = sql.new(Run, agent="demo.steps", input={"steps": 1}, request_fingerprint="f",
+                  traceparent="t")
+    event = sql.new(Event, run=run, version=1, kind=EventKind.CREATED, state=run.state,
+                    generation=0, source="api", data={"agent": run.agent})
+    named = []
+    for instance in (run, event):
+        model = type(instance)
+        for column in sql._inserted_fields(model):
+            named.append(column.get_db_prep_save(column.pre_save(instance, True), connection))
+    given = [value for value in named if value is not None]
+    typed: dict[type, list] = {}
+    for value in given:
+        typed.setdefault(type(value), []).append(value)
+
+    def select(params):
+        text = "SELECT " + ", ".join(["%s"] * len(params))
+        return lambda: _execute(text, params)
+
+    ways = [(f"{len(given)} values, NULLs left", select(given)),
+            (f"{len(named)} values, every column", select(named)),
+            (f"{len(given)} one-element arrays", select([[value] for value in given])),
+            (f"{len(typed)} arrays, one per type", select(list(typed.values())))]
+    cpu = {name: 0.0 for name, _ in ways}
+    for _, way in ways:  # prepared (psycopg prepares on the fifth run) before any is timed
+        for _ in range(10):
+            way()
+    for _ in range(calls):
+        for name, way in ways:
+            started = time.process_time()
+            way()
+            cpu[name] += time.process_time() - started
+    first = cpu[ways[0][0]]
+    return [("driver", f"a run and its event as {name}, CPU", Ratio(spent / first),
+             f"{spent / calls * 1e6:.0f} us per call, against the first") for name, spent
+            in cpu.items()]
+
+
+def _execute(text: str, params: list) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(text, params)
+        cursor.fetchall()
 
 
 def cpu_ns(pid: int) -> int:
