@@ -1,6 +1,8 @@
 """Django's WSGI application served on kept threads (awaken_site/wsgi_threads.py), as the site
 serves HTTP (awaken_site/asgi.py)."""
 
+import asyncio
+import contextlib
 import contextvars
 import threading
 
@@ -47,12 +49,19 @@ def chunks(request):
     return StreamingHttpResponse(body())
 
 
+def endless(request):
+    def body():
+        while True:
+            yield b"more,"
+    return StreamingHttpResponse(body())
+
+
 def broken(request):
     raise RuntimeError("a view that fails")
 
 
 urlpatterns = [path("where/", where_am_i), path("echo/", echo), path("chunks/", chunks),
-               path("broken/", broken)]
+               path("endless/", endless), path("broken/", broken)]
 
 
 def exchange(application, scope: dict, body: bytes = b"", *, on_first=None):
@@ -146,6 +155,34 @@ def test_a_streaming_answer_goes_chunk_by_chunk_and_the_request_is_finished_afte
     assert (status, body) == (200, b"one,two")
     assert [m.get("body") for m in messages[1:]] == [b"one,", b"two", None]
     assert finished == [True]  # closed once, after its last chunk
+
+
+@override_settings(ROOT_URLCONF=__name__)
+def test_a_streaming_answer_whose_request_is_cancelled_stops_and_is_finished():
+    # The server cancels the request of a client that has gone: the thread stops at its
+    # next chunk, closes the response (Django's end of the request), and is given back.
+    finished = threading.Event()
+    threads = RequestThreads()
+
+    def note(sender, **kwargs):
+        finished.set()
+
+    async def leave():
+        communicator = ApplicationCommunicator(served(threads), http_scope("GET", "/endless/"))
+        await communicator.send_input({"type": "http.request", "body": b""})
+        assert (await communicator.receive_output(timeout=10))["status"] == 200
+        assert (await communicator.receive_output(timeout=10))["body"] == b"more,"
+        communicator.future.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await communicator.future
+
+    request_finished.connect(note)
+    try:
+        async_to_sync(leave)()
+        assert finished.wait(10)
+    finally:
+        request_finished.disconnect(note)
+    wait_until(lambda: threads.idle_count == 1, 5, "the thread to be given back")
 
 
 @override_settings(ROOT_URLCONF=__name__, DEBUG_PROPAGATE_EXCEPTIONS=False)
