@@ -55,11 +55,12 @@ class WsgiOnThreads:
         except ValueError as exc:
             await _send_whole(send, _plain(400, f"Bad Request: {exc}"))
             return
-        request = _Request(self.app, environ, asyncio.get_running_loop(), send)
+        loop = asyncio.get_running_loop()
+        request = _Request(self.app, environ, loop, send)
         executor = self.threads.borrow()
         try:
             # The request's thread runs in a copy of this context, as asgiref's would.
-            whole = await asyncio.get_running_loop().run_in_executor(
+            whole = await loop.run_in_executor(
                 executor, contextvars.copy_context().run, request.serve)
         except asyncio.CancelledError:
             request.gone.set()  # a streaming body stops at its next chunk and is closed

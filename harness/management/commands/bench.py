@@ -1215,19 +1215,21 @@ def parameters_bench(calls: int) -> list:
     """What the driver costs for the parameters of one statement, the figures behind the
     shape of ``sql.write``'s statements: one prepared ``SELECT`` of a run's values and its
     event's, run ``calls`` times each way in turn through Django's cursor, with this
-    process's CPU per call. The ways: the 32 values a run and its event name (NULLs left
-    to the columns), all 54 of their columns named, and the 32 values as arrays of one
-    element each (the columns of an ``UNNEST``), then as one array per type of column."""
+    process's CPU per call. The ways: the values a one-row insert of a run and its event
+    names (``sql._given``: NULLs left to the columns), all 54 of their columns, and the
+    values named as arrays of one element each (the columns of an ``UNNEST``), then as one
+    array per type of column."""
     run = sql.new(Run, agent="demo.steps", input={"steps": 1}, request_fingerprint="f",
                   traceparent="t")
     event = sql.new(Event, run=run, version=1, kind=EventKind.CREATED, state=run.state,
                     generation=0, source="api", data={"agent": run.agent})
-    named = []
-    for instance in (run, event):
-        model = type(instance)
-        for column in sql._inserted_fields(model):
-            named.append(column.get_db_prep_save(column.pre_save(instance, True), connection))
-    given = [value for value in named if value is not None]
+    named, given = [], []
+    for instance in (run, event):  # as ``sql.write`` prepares a one-row insert
+        model, values = type(instance), []
+        sql._saved_values(values, sql._saving(model, None, True), (instance,), True,
+                          connection)
+        named += values
+        given += [values[i] for i in sql._given(model, values)]
     typed: dict[type, list] = {}
     for value in given:
         typed.setdefault(type(value), []).append(value)
