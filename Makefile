@@ -68,6 +68,8 @@ else
 	wait $$postgres; pg=$$?; \
 	echo "== Sites stream (var/test-sites.log)"; cat var/test-sites.log; \
 	echo "== PostgreSQL stream (var/test-postgres.log)"; cat var/test-postgres.log; \
+	echo "== failed in the sites and PostgreSQL streams:"; \
+	grep -h -e '^FAILED ' -e '^ERROR ' var/test-sites.log var/test-postgres.log || echo none; \
 	echo "== exit: SQLite $$sqlite, sites $$st, PostgreSQL $$pg (5: the stream had no test)"; \
 	for code in $$sqlite $$st $$pg; do test $$code = 0 || test $$code = 5 || exit 1; done
 endif

@@ -172,9 +172,15 @@ class Process:
     def log(self) -> str:
         return self.log_path.read_text()
 
-    def output(self, chars: int = 4000) -> str:
-        """The end of its log, for error messages."""
-        return self.log()[-chars:]
+    def log_size(self) -> int:
+        """Where its log ends now: ``output(since=...)`` shows only what came after."""
+        return self.log_path.stat().st_size
+
+    def output(self, chars: int = 4000, *, since: int = 0) -> str:
+        """The end of its log (of what it wrote after ``since``), for error messages."""
+        with open(self.log_path, "rb") as log:
+            log.seek(since)
+            return log.read().decode(errors="replace")[-chars:]
 
     def signal(self, signum: int) -> None:
         self.popen.send_signal(signum)

@@ -193,13 +193,27 @@ def shared_worker(django_db_setup, django_db_blocker):
         yield process
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that used the shared worker shows what the worker logged meanwhile."""
+    report = yield
+    since = getattr(item, "shared_worker_log_from", None)
+    if report.failed and since is not None:
+        logged = item.funcargs["shared_worker"].output(6000, since=since)
+        if logged:
+            report.sections.append((f"shared worker log ({report.when})", logged))
+    return report
+
+
 @pytest.fixture
-def worker(shared_worker, transactional_db):
+def worker(request, shared_worker, transactional_db):
     """The shared worker, for one test. Once the test is over, the runs it left unended are
     cancelled and the worker has let go of them before the test's tables are emptied: a
-    TRUNCATE while the worker still writes one of them can deadlock with it."""
+    TRUNCATE while the worker still writes one of them can deadlock with it. A failed test
+    shows the worker's log of its time."""
     from harness.processes import wait_until
     from runs import domain
+    request.node.shared_worker_log_from = shared_worker.log_size()
     yield shared_worker
     for run_id in Run.objects.exclude(state="ended").values_list("pk", flat=True):
         domain.run_cancel(run_id=run_id, actor="tests", source="api")
