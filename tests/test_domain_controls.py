@@ -9,7 +9,7 @@ from runs import domain
 from runs.domain.errors import InvalidRequest, NotActive, NotAwaiting
 from runs.models import ControlIntent, Event, ResumeTicket, Run
 from tests.conftest import db_state
-from tests.factories import awaiting_run, queued_run
+from tests.factories import awaiting_run, queued_run, running_run
 
 pytestmark = pytest.mark.django_db
 
@@ -66,3 +66,37 @@ def test_an_unknown_live_command_is_refused():
     run = queued_run()
     with pytest.raises(InvalidRequest):
         domain.run_live_command(run_id=run.id, command="explode", actor="olga", source="api")
+
+
+@pytest.mark.parametrize("child", [False, True], ids=["run", "child of an ended parent"])
+def test_a_running_attempt_is_told_before_the_request_is_published(
+        child, monkeypatch, django_capture_on_commit_callbacks):
+    """After commit the live command is handed on first: it is what ends the attempt, and
+    the publication of the change would hold it up."""
+    from runs.domain import outside
+    from runs.domain.core import Ending
+
+    parent, generation = running_run()
+    run = running_run(parent_id=parent.id)[0] if child else parent
+    happened = []
+
+    class Workers:
+        def send_command(self, *, run_id, command, **details):
+            happened.append(("told", str(run_id), command))
+
+    class Changes:
+        def publish_changes(self, *, changes):
+            happened.extend(("published", str(changed.pk), event.kind)
+                            for changed, event in changes)
+
+    monkeypatch.setattr(outside, "workers", Workers())
+    monkeypatch.setattr(outside, "changes", Changes())
+    with django_capture_on_commit_callbacks(execute=True):
+        if child:
+            domain.attempt_finish(run_id=parent.id, generation=generation,
+                                  ending=Ending.failed("boom"))
+        else:
+            domain.run_cancel(run_id=run.id, actor="olga", source="api")
+    told = happened.index(("told", str(run.pk), "cancel"))
+    assert happened[told + 1] == ("published", str(run.pk), "cancel_requested")
+    assert Run.objects.get(pk=run.id).control.action == "cancel"

@@ -211,13 +211,19 @@ def pending_intent(run: Run) -> ControlIntent | None:
 
 
 def record_intent(run: Run, *, action: str, reason: str | None, stop_code: str | None,
-                  actor: str, source: str, caused_by_id=None) -> ControlIntent:
-    """Write a control intent and its ``*_requested`` event (the run must be locked)."""
+                  actor: str, source: str, caused_by_id=None,
+                  tell_attempt: bool = False) -> ControlIntent:
+    """Write a control intent and its ``*_requested`` event (the run must be locked). With
+    ``tell_attempt``, a running run's attempt is told live once the intent commits, before
+    the change is published: the signal is what shortens the wait."""
     intent = sql.new(ControlIntent, run=run, action=action, reason=reason,
                      stop_code=stop_code, requested_by=actor, source=source,
                      caused_by_id=caused_by_id)
     sql.write(sql.Insert((intent,)))  # first: the run's update names its key
     run.control = intent
+    if tell_attempt and run.state == RunState.RUNNING:
+        after_commit(_send_cancel, run_id=run.id, generation=run.generation, owner=run.owner,
+                     actor=actor, source=source)
     record(run, _requested_kind(action), fields=("control",), actor=actor, source=source,
            data=_request_data(reason, stop_code, caused_by_id))
     return intent
@@ -400,18 +406,11 @@ def end_children(parent: Run, *, actor: str | None, source: str | None,
         intent = record_intent(child, action=ControlAction.CANCEL,
                                reason=f"Parent run {short_id(parent.pk)} {cause}.",
                                stop_code=None, actor=actor or source or "worker",
-                               source=source or Source.WORKER, caused_by_id=parent.pk)
-        if child.state == RunState.RUNNING:
-            send_cancel_after_commit(child, intent)
-        else:
+                               source=source or Source.WORKER, caused_by_id=parent.pk,
+                               tell_attempt=True)
+        if child.state != RunState.RUNNING:
             finish(child, Ending.cancelled(), actor=intent.requested_by, source=intent.source,
                    via=AppliedVia.DURABLE)
-
-
-def send_cancel_after_commit(run: Run, intent: ControlIntent) -> None:
-    """Once the intent commits, tell the run's attempt at once."""
-    after_commit(_send_cancel, run_id=run.id, generation=run.generation, owner=run.owner,
-                 actor=intent.requested_by, source=intent.source)
 
 
 def _send_cancel(*, run_id, generation: int, owner: str, actor: str, source: str) -> None:

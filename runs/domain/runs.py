@@ -27,7 +27,6 @@ from runs.domain.core import (
     record_created,
     record_intent,
     record_joined,
-    send_cancel_after_commit,
 )
 from runs.domain.errors import (
     IdempotencyConflict,
@@ -319,9 +318,8 @@ def _request_end(*, run_id, action, reason, stop_code, actor, source) -> Control
                           actor=actor, source=source)
             return ControlResult(run, "live", pending)
         intent = record_intent(run, action=action, reason=reason, stop_code=stop_code,
-                               actor=actor, source=source)
+                               actor=actor, source=source, tell_attempt=True)
         if run.state == RunState.RUNNING:
-            send_cancel_after_commit(run, intent)
             return ControlResult(run, "live", intent)
         finish(run, Ending.from_intent(intent), actor=actor, source=source,
                via=AppliedVia.DURABLE)
