@@ -32,8 +32,10 @@ from awaken_site.logs import AccessLog  # noqa: E402
 from awaken_site.request_share import RequestShare  # noqa: E402
 from runs.sockets import routing  # noqa: E402
 from runs.sockets.auth import SocketAuth  # noqa: E402
-from runs.sockets.daphne import DaphneBackPressure  # noqa: E402
+from runs.sockets.daphne import DaphneBackPressure, serve_bodies_unparsed  # noqa: E402
 from runs.sockets.shutdown import Draining  # noqa: E402
+
+serve_bodies_unparsed()  # Django parses a POST body; daphne's Twisted need not (daphne.py)
 
 # Draining, outermost: on SIGTERM what is held open answers and ends (runs.sockets.shutdown).
 application = Draining(ProtocolTypeRouter({

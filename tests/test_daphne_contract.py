@@ -257,3 +257,46 @@ def test_twisteds_http_answers_oversized_headers_as_the_readme_says(headers, ans
     protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: x\r\n" + b"\r\n".join(headers) + b"\r\n\r\n")
     assert transport.value().startswith(answer) and (answer or transport.value() == b"")
     assert transport.disconnecting
+
+
+def test_daphnes_requests_leave_a_posted_form_to_the_application(monkeypatch):
+    """``serve_bodies_unparsed`` names a request class of its own where daphne's HTTP
+    factory looks it up, and Twisted takes ``parsePOSTFormSubmission``: a POST body then
+    reaches the application as it came, unparsed by Twisted (Django parses it once)."""
+    from daphne import http_protocol
+    from twisted.internet.testing import StringTransport
+    from twisted.web import http
+
+    from runs.sockets.daphne import serve_bodies_unparsed
+
+    daphnes = http_protocol.WebRequest
+    while getattr(daphnes, "leaves_bodies_unparsed", False):  # installed by an import
+        daphnes = daphnes.__bases__[0]
+    monkeypatch.setattr(http_protocol, "WebRequest", daphnes)
+    serve_bodies_unparsed()
+    serve_bodies_unparsed()  # once only: the class is not wrapped again
+    made = http_protocol.WebRequest
+    assert made.__bases__ == (daphnes,) and daphnes.__bases__ == (http.Request,)
+
+    parsed, processed = [], []
+    monkeypatch.setattr(http, "_parseContentType",
+                        lambda line: parsed.append(line) or b"application/x-www-form-urlencoded")
+    monkeypatch.setattr(made, "process", lambda request: processed.append(request))
+
+    class Server:  # what daphne's request tells its server of a connection
+        def protocol_connected(self, protocol):
+            pass
+
+        def protocol_disconnected(self, protocol):
+            pass
+
+    protocol = http_protocol.HTTPFactory(Server()).buildProtocol(None)
+    assert protocol.requestFactory is made
+    protocol.makeConnection(StringTransport())
+    body = b"a=1&b=2"
+    protocol.dataReceived(b"POST /x HTTP/1.1\r\nHost: x\r\n"
+                          b"Content-Type: application/x-www-form-urlencoded\r\n"
+                          b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    (request,) = processed
+    assert parsed == [] and request.args == {}
+    assert request.content.read() == body

@@ -30,6 +30,16 @@ checks on every upgrade:
   response (server-sent events) registers its producer there with the public
   ``IRequest.registerProducer``, and Twisted's HTTP channel pauses it while the transport
   holds more than its buffer.
+* daphne's HTTP factory builds each connection's requests with the class its module names
+  ``WebRequest``: ``serve_bodies_unparsed`` names there a subclass that asks Twisted, with
+  ``http.Request``'s public ``parsePOSTFormSubmission=False``, not to parse a POST body as
+  a form. Twisted would otherwise parse a form or multipart body into ``request.args``,
+  which daphne never reads (it hands the body to the application, where Django parses it,
+  and ``BodySizeLimit`` refuses one too large): a multipart body is read into memory whole
+  and parsed on the event loop, before the application sees the request. A 20 MB one
+  cost 0.31 s of the loop's CPU and 230 MB more at the peak that way, 0.05 s and nothing
+  more without. Every other POST had its Content-Type parsed by the e-mail package, some
+  30 us each.
 * ``daphne.server.Server`` and ``daphne.endpoints.build_endpoint_description_strings``,
   what daphne's own command line and ``runserver`` start a server with: ``serve`` starts one
   in this process for ``manage.py serve``, the embedded mode.
@@ -202,6 +212,26 @@ class DaphneBackPressure:
         if producer is not None:
             scope = {**scope, SCOPE_KEY: producer}
         return await self.inner(scope, receive, send)
+
+
+def serve_bodies_unparsed() -> None:
+    """Make daphne's HTTP requests leave a POST body to the application (see above). Called
+    as the application is built, before daphne serves a connection."""
+    from daphne import http_protocol
+
+    if not getattr(http_protocol.WebRequest, "leaves_bodies_unparsed", False):
+        http_protocol.WebRequest = _request_leaving_bodies(http_protocol.WebRequest)
+
+
+def _request_leaving_bodies(request_class):
+    class Request(request_class):
+        leaves_bodies_unparsed = True
+
+        def __init__(self, channel, *args, **kwargs):
+            super().__init__(channel, *args, parsePOSTFormSubmission=False, **kwargs)
+
+    Request.__name__ = Request.__qualname__ = request_class.__name__
+    return Request
 
 
 def on_shutdown(callback) -> None:
