@@ -135,6 +135,23 @@ def test_a_full_delivery_path_answers_busy_not_not_active(monkeypatch):
     assert Run.objects.get(pk=run.id).state == RunState.RUNNING
 
 
+def test_queued_runs_no_broker_thread_can_send_are_counted_for_the_sweeper(
+        monkeypatch, caplog):
+    from runs.workers import broker
+    from runs.workers.dispatch import Dispatches
+
+    full = broker.BrokerThreads(threads=1, backlog=0)
+    release = threading.Event()
+    full.post(release.wait, timeout=10)  # the only thread, and no backlog place
+    monkeypatch.setattr(broker, "_threads", full)
+    try:
+        with caplog.at_level("WARNING", logger="runs.workers.dispatch"):
+            Dispatches().add([(f"run-{n}", None) for n in range(3)])
+    finally:
+        release.set()
+    assert "broker threads full: 3 queued run(s) left for the sweeper" in caplog.text
+
+
 def test_a_newer_generation_fences_the_one_it_replaces():
     registry = Registry()
     old, new = (Entry("r", n, CancellationToken()) for n in (1, 2))

@@ -79,7 +79,7 @@ class Dispatches:
             if self._sending:
                 return
             self._sending = True
-        if not posted(self._send_pending, "the queued runs"):
+        if not posted(self._send_pending, lambda: f"{len(self._pending)} queued run(s)"):
             with self._lock:
                 self._pending, self._sending = [], False
 
@@ -100,11 +100,12 @@ class Dispatches:
 dispatches = Dispatches()
 
 
-def posted(fn, what: str, **kwargs) -> bool:
+def posted(fn, what, **kwargs) -> bool:
     """Whether ``fn(**kwargs)`` was handed to a broker thread; if not (all are busy), it
-    says so: ``what`` is left for the sweeper."""
+    says so: ``what`` (a text, or a function that says it then) is left for the sweeper."""
     if broker_threads().post(fn, **kwargs) is None:
-        log.warning("broker threads full: %s left for the sweeper", what)
+        log.warning("broker threads full: %s left for the sweeper",
+                    what() if callable(what) else what)
         return False
     return True
 
