@@ -219,19 +219,17 @@ def serve_bodies_unparsed() -> None:
     as the application is built, before daphne serves a connection."""
     from daphne import http_protocol
 
-    if not getattr(http_protocol.WebRequest, "leaves_bodies_unparsed", False):
-        http_protocol.WebRequest = _request_leaving_bodies(http_protocol.WebRequest)
+    daphnes = http_protocol.WebRequest
+    if getattr(daphnes, "leaves_bodies_unparsed", False):
+        return
 
-
-def _request_leaving_bodies(request_class):
-    class Request(request_class):
+    class WebRequest(daphnes):
         leaves_bodies_unparsed = True
 
         def __init__(self, channel, *args, **kwargs):
             super().__init__(channel, *args, parsePOSTFormSubmission=False, **kwargs)
 
-    Request.__name__ = Request.__qualname__ = request_class.__name__
-    return Request
+    http_protocol.WebRequest = WebRequest
 
 
 def on_shutdown(callback) -> None:
