@@ -60,7 +60,7 @@ class Call:
     started: float = field(default_factory=time.monotonic)
     status: int = 200
     first_chunk: float | None = None
-    finished: float | None = None  # the stub sent the end of its answer
+    finished: float | None = None  # the stub handed the end of its answer on
     disconnected: float | None = None  # the client closed the connection before the end
     chunks: int = 0
     late_chunks: int = 0  # chunks the stub tried to send after its client had gone
@@ -214,8 +214,8 @@ class Stub:
             else:
                 await self._hang_if_asked(behaviour, 0, call, gone)
                 if not gone.is_set():
+                    call.finished = time.monotonic()  # before the answer, as above
                     await _json(send, 200, answer.completion(model))
-                    call.finished = time.monotonic()
         finally:
             watcher.cancel()
 
@@ -268,9 +268,11 @@ class Stub:
         if (body.get("stream_options") or {}).get("include_usage"):
             await self._event(send, call, {**answer.chunk({}, None), "choices": [],
                                            "usage": answer.usage()})
-        await self._send(send, call, b"data: [DONE]\n\n", more=False)
+        # Marked before the last bytes go: a client that has them may close at once, and
+        # its disconnect is then no answer cut short.
         if call.disconnected is None:
             call.finished = time.monotonic()
+        await self._send(send, call, b"data: [DONE]\n\n", more=False)
 
     async def _event(self, send, call: Call, chunk: dict) -> None:
         await self._send(send, call, b"data: " + json.dumps(chunk).encode() + b"\n\n")
