@@ -17,7 +17,8 @@ each call, which costs several times the CPU of the statement):
   runs) are one part whose values come as one array per column (``UNNEST``, as Django's
   own ``bulk_create`` inserts on PostgreSQL): the statement is the same for 2 rows or 50,
   so the driver and the server each parse it once, and it has a parameter per column
-  rather than per value. ``together`` makes a transaction's first write with its second
+  rather than per value. Each array is a ``runs.domain.arrays.Column`` of its column's
+  type, which the driver sends without looking at its elements to learn it. ``together`` makes a transaction's first write with its second
   (a run's last step and its end).
 
 The SQL is plain text built once per model and shape from the models' ``_meta``, every
@@ -37,6 +38,8 @@ from dataclasses import dataclass
 from functools import cache
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models, router
+
+from runs.domain.arrays import column_of
 
 
 def quoted(name: str) -> str:
@@ -339,8 +342,9 @@ def write(*parts) -> list:
         if isinstance(part, _UpdateMany):
             model = part.model
             shape.append(("update_many", model, part.names))
-            params += _columns(_saving(model, part.names, False), part.instances, False, db)
-            params.append([_prepared(model, model._meta.pk.name, i.pk) for i in part.instances])
+            params += _columns(model, part.names, False, part.instances, db)
+            params.append(_column_of(model, model._meta.pk.name)(
+                _prepared(model, model._meta.pk.name, i.pk) for i in part.instances))
         elif isinstance(part, Update):
             model = type(part.instance)
             names = tuple(part.names)
@@ -357,7 +361,7 @@ def write(*parts) -> list:
         elif isinstance(part, Insert) and len(part.instances) > 1:
             model = type(part.instances[0])
             shape.append(("insert_many", model))
-            params += _columns(_saving(model, None, True), part.instances, True, db)
+            params += _columns(model, None, True, part.instances, db)
         elif isinstance(part, Insert):
             model = type(part.instances[0])
             values = []
@@ -435,12 +439,29 @@ def _grouped(parts) -> list:
     return _combined(parts, key, join)
 
 
-def _columns(saving: tuple, instances, add: bool, db) -> list:
-    """Each field's values over ``instances`` as ``save`` writes them, one list per field:
-    the arrays that ``UNNEST`` makes rows of again."""
+def _columns(model, names: tuple | None, add: bool, instances, db) -> list:
+    """Each field ``names`` of ``model`` (None: the fields an insert writes) over
+    ``instances`` as ``save`` writes it, one ``Column`` of the field's type per field: the
+    arrays that ``UNNEST`` makes rows of again."""
+    saving = _saving(model, names, add)
     flat = []
     _saved_values(flat, saving, instances, add, db)
-    return [flat[column::len(saving)] for column in range(len(saving))]
+    return [column(flat[at::len(saving)])
+            for at, column in enumerate(_column_classes(model, names))]
+
+
+@cache
+def _column_classes(model, names: tuple | None) -> tuple:
+    """The ``Column`` class of each field ``names`` of ``model`` (None: the fields an insert
+    writes), in ``_saving``'s order."""
+    names = names or tuple(f.name for f in _inserted_fields(model))
+    return tuple(_column_of(model, name) for name in names)
+
+
+@cache
+def _column_of(model, name: str):
+    """The ``Column`` class of the values of ``model``'s field ``name``."""
+    return column_of(_array_type(model, name).removesuffix("[]"))
 
 
 def _merged(writes: list) -> list:
