@@ -18,8 +18,9 @@ each call, which costs several times the CPU of the statement):
   own ``bulk_create`` inserts on PostgreSQL): the statement is the same for 2 rows or 50,
   so the driver and the server each parse it once, and it has a parameter per column
   rather than per value. Each array is a ``runs.domain.arrays.Column`` of its column's
-  type, which the driver sends without looking at its elements to learn it. ``together`` makes a transaction's first write with its second
-  (a run's last step and its end).
+  type, which the driver sends without looking at its elements to learn it.
+  ``together`` makes a transaction's first write with its second (a run's last step and
+  its end).
 
 The SQL is plain text built once per model and shape from the models' ``_meta``, every
 identifier quoted. Values go through the fields' own ``pre_save``, ``get_db_prep_save``
