@@ -2,7 +2,8 @@
 Celery beat sweeper, a private Redis server and the embedded site (``manage.py serve``), for
 the tests and ``manage.py bench``.
 
-Each is a child process with its output in a log file. Its constructor starts it;
+Each is a child process with its output in a log file (a temporary one, removed with the
+process object, unless a folder for the logs is given). Its constructor starts it;
 ``wait_ready()`` polls until it serves, and fails with the tail of its output if it exits
 first. ``start()`` starts it again once it has exited, with the same command line (the
 same port, the same node name), as a supervisor would. Used as a context manager, it is
@@ -25,6 +26,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+import weakref
 from pathlib import Path
 from typing import Self, TypeVar
 from urllib.parse import quote
@@ -111,6 +113,9 @@ class Process:
             handle, path = tempfile.mkstemp(prefix=f"awaken-{name}-", suffix=".log")
             os.close(handle)
             self.log_path = Path(path)
+            # A temporary log goes with its process object (or at exit): nothing reads it
+            # once nothing holds the process.
+            weakref.finalize(self, self.log_path.unlink, missing_ok=True)
         else:
             self.log_path = Path(log_dir) / f"{name}.log"
             self.log_path.write_text("")
