@@ -58,15 +58,17 @@ class WsgiOnThreads:
         loop = asyncio.get_running_loop()
         request = _Request(self.app, environ, loop, send)
         executor = self.threads.borrow()
+        served = False
         try:
             # The request's thread runs in a copy of this context, as asgiref's would.
             whole = await loop.run_in_executor(
                 executor, contextvars.copy_context().run, request.serve)
+            served = True
         except asyncio.CancelledError:
             request.gone.set()  # a streaming body stops at its next chunk and is closed
             raise
         finally:
-            self.threads.give_back(executor)
+            self.threads.give_back(executor, idle=served)
         if whole is not None:
             await _send_whole(send, whole)
 
@@ -226,10 +228,14 @@ class RequestThreads:
                 return self._free.pop()
         return ThreadPoolExecutor(1, thread_name_prefix="awaken-request")
 
-    def give_back(self, executor: ThreadPoolExecutor) -> None:
-        # Queued behind whatever the thread still has to do (a view whose client went away
-        # finishes first): it is free once this runs.
-        executor.submit(_nothing).add_done_callback(lambda _: self._keep(executor))
+    def give_back(self, executor: ThreadPoolExecutor, *, idle: bool = False) -> None:
+        """Keep ``executor`` for the next request: at once when it is ``idle`` (its call has
+        returned), else once it has done what it still has to (a view whose client went
+        away finishes first), behind which a call is queued, which wakes its thread."""
+        if idle:
+            self._keep(executor)
+        else:
+            executor.submit(_nothing).add_done_callback(lambda _: self._keep(executor))
 
     @property
     def idle_count(self) -> int:

@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import contextvars
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -103,6 +104,24 @@ def test_requests_one_after_another_run_on_one_kept_thread_and_database_wrapper(
     assert len(seen) == 3
     assert len({thread for thread, _ in seen}) == 1
     assert len({wrapper for _, wrapper in seen}) == 1
+
+
+@override_settings(ROOT_URLCONF=__name__)
+def test_a_served_request_wakes_its_thread_once_and_leaves_it_free_at_once():
+    """The thread whose call has returned is kept for the next request then and there: no
+    second call is queued on it to learn that it is free."""
+    calls = []
+
+    class Counted(ThreadPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            calls.append(fn)
+            return super().submit(fn, *args, **kwargs)
+
+    threads = RequestThreads()
+    threads.borrow = lambda: Counted(1)
+    assert exchange(served(threads), http_scope("GET", "/where/"))[0] == 200
+    assert len(calls) == 1
+    assert threads.idle_count == 1
 
 
 def test_a_thread_still_busy_is_not_lent_to_the_next_request():
