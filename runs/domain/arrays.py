@@ -69,6 +69,8 @@ class ColumnDumper(Dumper):
         return _HEAD.pack(1, nulls, self.element_oid, len(column), 1) + b"".join(parts)
 
 
-# Every connection's adapters start from psycopg's global map; this module is imported by
-# ``runs.domain.sql``, before any connection of the project's is made.
+# Django makes its connections' adapters from a copy of psycopg's global map, taken at the
+# first connection. ``runs.domain.sql`` imports this module, and the app's ``ready`` imports
+# the domain, so the dumper is in the global map before any connection is made
+# (tests/test_arrays.py holds a new connection to choosing it).
 psycopg.adapters.register_dumper(Column, ColumnDumper)
