@@ -19,12 +19,13 @@ from harness.management.commands.bench import (
     CpuMeter,
     Failed,
     KeptConnection,
+    bulk_history,
     dbos_cancels,
     dbos_lifecycle,
     parameters_bench,
 )
 from runs.domain import sql
-from runs.models import Event, Run
+from runs.models import Attempt, Event, Run
 
 SPEC = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
 
@@ -187,3 +188,17 @@ def test_the_parameters_rows_name_what_a_run_and_its_event_send_each_way():
     given = int(names[0].split(" as ")[1].split()[0])
     assert 0 < given < every  # the NULLs left to the columns
     assert rows[0][2] == 1.0  # each against the first
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_the_history_of_ended_runs_is_inserted_whole():
+    """``bench metrics`` and ``bench spread --ended`` insert their history by hand: every
+    column the runs table requires is given, and the rows read back as the models hold
+    them."""
+    bulk_history(12, chunk=5)
+    runs = list(Run.objects.filter(thread_id="bench-metrics"))
+    assert len(runs) == 12
+    for run in runs:
+        run.full_clean(exclude=["created_by", "parent", "rerun_of", "ticket", "control"])
+    assert Attempt.objects.filter(run__in=runs).count() == 12

@@ -64,6 +64,7 @@ from runs.models import (
     ControlIntent,
     Event,
     EventKind,
+    OnExhausted,
     Run,
     RunState,
     WorkerProcess,
@@ -1566,12 +1567,15 @@ def bulk_history(count: int, chunk: int = 100_000) -> None:
             INSERT INTO {run} (id, agent, input, thread_id, state, end_cause, stop_code,
                                stop_reason, error, generation, steps, tokens, seconds_used,
                                crash_retries, version, request_fingerprint, created_at,
-                               started_at, ended_at, updated_at, dispatched_at)
+                               started_at, ended_at, updated_at, dispatched_at, on_exhausted,
+                               repeats, traceparent, activity_last, activity_agent,
+                               activity_apart)
             SELECT gen_random_uuid(), 'demo.steps', '{{}}'::jsonb, 'bench-metrics', 'ended',
                    cause, CASE WHEN cause = 'stopped' THEN 'operator' END,
                    CASE WHEN cause = 'stopped' THEN 'benchmark' END,
                    CASE WHEN cause = 'failed' THEN 'benchmark' END, 1, 1, 0, 0.5, 0, 3, '',
-                   at, at, at + interval '1 second', at + interval '1 second', at
+                   at, at, at + interval '1 second', at + interval '1 second', at, %s,
+                   '{{}}'::jsonb, '', 0, 0, 0
             FROM (SELECT (ARRAY['completed', 'completed', 'completed', 'failed', 'cancelled',
                                 'stopped'])[1 + mod(n, 6)] AS cause, n,
                          now() - (n * interval '1 second') AS at
@@ -1595,7 +1599,7 @@ def bulk_history(count: int, chunk: int = 100_000) -> None:
     while done < count:
         size = min(chunk, count - done)
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(statement, [size])
+            cursor.execute(statement, [OnExhausted.STOP, size])
         done += size
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {run}, {attempt}, {intent}")
