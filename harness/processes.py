@@ -301,7 +301,8 @@ class Worker(Process):
 
 class Beat(Process):
     """``celery beat``: it sweeps every third of a lease in its own process
-    (``runs.workers.sweeper``). Its schedule file is a temporary one of its own."""
+    (``runs.workers.sweeper``). Its schedule file is a temporary one of its own, removed
+    with the process object."""
 
     def __init__(self, *, lease_seconds: float | None = None, extra_env: dict | None = None,
                  log_dir: Path | None = None):
@@ -310,6 +311,7 @@ class Beat(Process):
         super().__init__([sys.executable, "-m", "celery", "-A", "awaken_site", "beat",
                           "--schedule", str(schedule), "--loglevel", "INFO"], name="beat",
                          env=environment({**lease, **(extra_env or {})}), log_dir=log_dir)
+        weakref.finalize(self, shutil.rmtree, schedule.parent, ignore_errors=True)
 
 
 class PrivateRedis(Process):
