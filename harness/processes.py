@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 import uuid
 import weakref
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Self, TypeVar
 from urllib.parse import quote
@@ -97,6 +98,20 @@ def environment(extra: dict | None = None) -> dict:
         else:
             env[key] = value
     return env
+
+
+@contextmanager
+def scratch_folder(prefix: str):
+    """A temporary folder for what processes that run together write (their logs, a
+    site's files): removed when the block ends, kept when it fails (their logs tell why),
+    and then named on stderr."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    except BaseException:
+        print(f"kept for its logs: {folder}", file=sys.stderr)
+        raise
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 class Process:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.processes import Beat, Process
+from harness.processes import Beat, Process, scratch_folder
 
 ENV = {"PATH": "/usr/bin:/bin"}
 
@@ -38,3 +38,23 @@ def test_the_sweepers_schedule_goes_with_its_process():
     del beat
     gc.collect()
     assert not folder.exists()
+
+
+@pytest.mark.one_backend
+def test_a_scratch_folder_goes_when_its_block_ends_and_stays_when_it_fails(capsys):
+    with scratch_folder("awaken-test-") as folder:
+        process = Process([sys.executable, "-c", "print('ran')"], name="ran", env=ENV,
+                          log_dir=folder)
+        process.wait_exit(30)
+        assert (folder / "ran.log").read_text() == "ran\n"
+    assert not folder.exists()
+
+    with pytest.raises(RuntimeError), scratch_folder("awaken-test-") as failed:
+        (failed / "why.log").write_text("the reason")
+        raise RuntimeError("the block failed")
+    try:
+        assert (failed / "why.log").read_text() == "the reason"
+        assert str(failed) in capsys.readouterr().err
+    finally:
+        (failed / "why.log").unlink()
+        failed.rmdir()

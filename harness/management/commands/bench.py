@@ -14,7 +14,6 @@ import signal
 import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -50,6 +49,7 @@ from harness.processes import (
     Worker,
     database_url,
     environment,
+    scratch_folder,
     wait_until,
 )
 from runs import domain
@@ -396,8 +396,7 @@ class Command(BaseCommand):
         """As ``system``, with ``webs`` web processes; yields them and the workers."""
         queue = f"awaken-bench-{uuid.uuid4().hex[:8]}"
         env = {"AWAKEN_QUEUE": queue, **(extra_env or {})}
-        logs = Path(tempfile.mkdtemp(prefix="awaken-bench-"))
-        with Processes() as processes:
+        with scratch_folder("awaken-bench-") as logs, Processes() as processes:
             served = [processes.add(Web(name=f"web{index}" if index else "web", extra_env=env,
                                         log_dir=logs)) for index in range(webs)]
             started = [processes.add(Worker(f"bench{index}-{queue}", queue=queue, concurrency=8,
@@ -1020,8 +1019,7 @@ class Command(BaseCommand):
         self.stdout.write(f"load average (1 min) at the start: {self.load:.2f} on "
                           f"{os.cpu_count()} CPUs")
         for kind in kinds:
-            with EmbeddedSite(Path(tempfile.mkdtemp(prefix="awaken-watch-")),
-                              **options) as site:
+            with scratch_folder("awaken-watch-") as var, EmbeddedSite(var, **options) as site:
                 site.wait_ready()
                 figures = watching.watch(site, watchers=watchers, kind=kind,
                                          say=lambda text: None)
@@ -1038,7 +1036,7 @@ class Command(BaseCommand):
     def hostile_embedded(self, sizes, rounds, seed) -> None:
         """The hostile-input attack against the embedded site (``manage.py serve``: web,
         worker and sweeper in one process, on SQLite), in a temporary directory."""
-        with EmbeddedSite(Path(tempfile.mkdtemp(prefix="awaken-hostile-"))) as site:
+        with scratch_folder("awaken-hostile-") as var, EmbeddedSite(var) as site:
             site.wait_ready()
             viewer = site.manage("operator_token", "hostile-viewer", "--role", "viewer",
                                  "--create").strip()
