@@ -738,6 +738,7 @@ class Command(BaseCommand):
                           "workers": [w.pid for w in started_workers],
                           **({"Redis": [redis_server.pid]} if redis_server else {})}
                 ports = [started_webs[caller % webs].port for caller in range(CALLERS)]
+                rows += self.request_floor(key, ports, groups, total // 2)
                 for how, size, name in (("one run per request", 1, "singles"),
                                         ("batches of 50", 50, "batches")):
                     load, cpu = load_average(), CpuMeter(groups)
@@ -807,6 +808,22 @@ class Command(BaseCommand):
                              Ratio(cpu_ratio), "above 1.0x ours costs less CPU per lifecycle "
                                                f"than {label} per unit of work"))
         return rows
+
+    def request_floor(self, key: str, ports: list[int], groups: dict, total: int) -> list:
+        """What a request costs the system with next to nothing of ours in it: the same
+        callers read one run ``total`` times (``GET /api/runs/{id}/``: the HTTP, Django, DRF
+        and key check every request pays, and one indexed read). The web's share of a create
+        beyond this is what creating a run costs it."""
+        run_id = self.create(Client(ports[0], self.token), "demo.steps",
+                             {"steps": 1, "step_seconds": 0})
+        load, cpu = load_average(), CpuMeter(groups)
+        with ThreadPoolExecutor(CALLERS) as pool:
+            sent = sum(pool.map(lambda port: send_reads(
+                port, self.token, f"/api/runs/{run_id}/", total // CALLERS), ports))
+        spent = cpu.per(sent)
+        return [(key, "floor: web CPU ms per request, GET one run", spent["web"],
+                 f"{sent} reads by the same callers; PostgreSQL {spent['PostgreSQL']:.2f} ms "
+                 f"a read; {load_span(load)}")]
 
     def list_latency(self, target: int, requests: int = 300) -> list:
         """GET /api/runs/ with ``target`` runs in the database: the newest page, filtered
@@ -1374,28 +1391,39 @@ def send_creates(port: int, token: str, spec: dict, count: int, size: int) -> in
     kept connection, one per request (``size`` 1: POST /api/runs/) or ``size`` a request
     (POST /api/runs/batch/), each sent once the last is answered, none waited for beyond
     its 201; the number created."""
+    body = json.dumps(spec).encode()
+    return send_requests(port, token, count, size, expected=201, request=lambda client, n: (
+        client.request("POST", "/api/runs/", body) if size == 1 else client.request(
+            "POST", "/api/runs/batch/", json.dumps({"runs": [spec] * n}).encode())))
+
+
+def send_reads(port: int, token: str, path: str, count: int) -> int:
+    """One caller of the lifecycle benchmark's floor: ``count`` GETs of ``path`` over one
+    kept connection, each sent once the last is answered; the number sent."""
+    return send_requests(port, token, count, 1, expected=200,
+                         request=lambda client, n: client.request("GET", path))
+
+
+def send_requests(port: int, token: str, count: int, size: int, *, expected: int,
+                  request) -> int:
+    """``count`` items sent ``size`` a request over one kept connection, each request
+    (``request(client, n)``, made once for each ``n``) sent once the last is answered with
+    ``expected``; the number sent."""
     client = KeptConnection(port, token)
-    requests = {}
-
-    def request(n: int) -> bytes:
-        if n not in requests:
-            requests[n] = (client.request("POST", "/api/runs/", json.dumps(spec).encode())
-                           if size == 1 else client.request(
-                               "POST", "/api/runs/batch/",
-                               json.dumps({"runs": [spec] * n}).encode()))
-        return requests[n]
-
-    made = 0
+    made_for = {}
+    sent = 0
     try:
-        while made < count:
-            n = min(size, count - made)
-            status = client.send(request(n))
-            if status != 201:
-                raise CommandError(f"a create answered {status}")
-            made += n
+        while sent < count:
+            n = min(size, count - sent)
+            if n not in made_for:
+                made_for[n] = request(client, n)
+            status = client.send(made_for[n])
+            if status != expected:
+                raise CommandError(f"a request answered {status}, not {expected}")
+            sent += n
     finally:
         client.close()
-    return made
+    return sent
 
 
 def runs_ended_since(user_id: int, since) -> tuple[int, int]:
