@@ -103,6 +103,16 @@ def database_floors(samples: int) -> tuple[list, list]:
     return trips, commits
 
 
+def autovacuum_on() -> bool:
+    """Whether the PostgreSQL server vacuums its tables by itself (its ``autovacuum``
+    setting); True on SQLite, which has no such setting."""
+    if connection.vendor != "postgresql":
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('autovacuum')::boolean")
+        return cursor.fetchone()[0]
+
+
 @dataclass
 class Cancels:
     """Cancels measured one by one over HTTP (``Command.cancel_samples``), in ms."""
@@ -594,6 +604,9 @@ class Command(BaseCommand):
         self.stdout.write(f"pace: a fixed loop took {self.pace:.0f} ms of CPU at the start, "
                           f"{pace():.0f} at the end (a slower machine spends more on "
                           "everything, whatever the load)")
+        if not autovacuum_on():
+            self.stdout.write("note: autovacuum is off on this PostgreSQL server: the dead rows "
+                              "of every run stay in the tables until a VACUUM")
         if start > 1.0:
             self.stdout.write("warning: the machine was loaded when the benchmark started: "
                               "these figures are no verdict; rerun on a quiet machine")
