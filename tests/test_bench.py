@@ -78,10 +78,10 @@ def test_the_cpu_meter_counts_the_benchmark_apart_from_the_processes_it_started(
     assert spent["total"] == spent["system"] + spent["client"] + spent["PostgreSQL"]
 
 
-def printed(load: float) -> str:
+def printed(load: float, autovacuum: bool = True) -> str:
     out = StringIO()
     command = Command(stdout=out)
-    command.load, command.pace = load, 81.0
+    command.load, command.pace, command.autovacuum = load, 81.0, autovacuum
     command.print_table([("1 live", "something measured", [1.0, 2.0, 3.0], "a note",
                           f"{load:.2f}-0.10")])
     return out.getvalue()
@@ -95,12 +95,14 @@ def test_every_table_prints_the_load_and_warns_when_the_machine_was_loaded():
     assert "load average (1 min): 3.50 at the start" in loaded
     assert "warning: the machine was loaded when the benchmark started" in loaded
     assert "3.50-0.10" in loaded  # the row's own load, at its part's start and end
+    assert "autovacuum" not in quiet
+    assert "note: autovacuum is off on this PostgreSQL server" in printed(0.4, autovacuum=False)
 
 
 def test_a_row_that_could_not_be_measured_says_why():
     out = StringIO()
     command = Command(stdout=out)
-    command.load, command.pace = 0.2, 81.0
+    command.load, command.pace, command.autovacuum = 0.2, 81.0, True
     command.print_table([("", "baseline: DBOS queue, workflows per second",
                           Failed("TimeoutError: timed out after 60 s"), "DBOS 3.4.0")])
     assert "failed: TimeoutError: timed out after 60 s; DBOS 3.4.0" in out.getvalue()

@@ -328,7 +328,7 @@ class Command(BaseCommand):
         # A SIGTERM unwinds like Ctrl-C, so the processes the benchmark started are stopped
         # by the blocks that started them rather than left running.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        self.load, self.pace = load_average(), pace()
+        self.load, self.pace, self.autovacuum = load_average(), pace(), autovacuum_on()
         if self.load > 1.0:
             self.stderr.write(f"warning: the machine is loaded before the benchmark starts "
                               f"(load average {self.load:.2f} over the last minute, "
@@ -604,7 +604,7 @@ class Command(BaseCommand):
         self.stdout.write(f"pace: a fixed loop took {self.pace:.0f} ms of CPU at the start, "
                           f"{pace():.0f} at the end (a slower machine spends more on "
                           "everything, whatever the load)")
-        if not autovacuum_on():
+        if not self.autovacuum:
             self.stdout.write("note: autovacuum is off on this PostgreSQL server: the dead rows "
                               "of every run stay in the tables until a VACUUM")
         if start > 1.0:
