@@ -490,6 +490,11 @@ AWAKEN_DB_THREADS = envnumber("AWAKEN_DB_THREADS", "8", minimum=1)
 # a worker claims a message's runs in one transaction. Measured on 2 cores with batches of
 # 50: 8 to a message, 251 lifecycles/s; 16, 278; 25, 293; 50, 305.
 AWAKEN_DISPATCH_CHUNK = envnumber("AWAKEN_DISPATCH_CHUNK", "50", minimum=1)
+# A process sends its queued runs at most once per this many seconds: the runs queued
+# within it of the last send go together in the next, one message and one claim for the
+# requests of a burst (runs.workers.dispatch.Dispatches). Measured on 2 cores one run per
+# request, 8 callers: 0.01 against 0, 0.88 and 0.90 of the system's CPU a lifecycle.
+AWAKEN_DISPATCH_LINGER = envnumber("AWAKEN_DISPATCH_LINGER", "0.01", kind=float, minimum=0)
 # How long a live command waits for the owning worker's answer.
 AWAKEN_DELIVERY_TIMEOUT = envnumber("AWAKEN_DELIVERY_TIMEOUT", "1.0", kind=float, minimum=0.05)
 # The broker threads (runs.workers.broker): the threads of each process that talk to the

@@ -2,6 +2,7 @@
 
 import json
 import threading
+import time
 import uuid
 from datetime import timedelta
 from functools import partial
@@ -384,6 +385,31 @@ def test_runs_queued_while_a_send_is_under_way_go_together_in_the_next(monkeypat
     wait_until(lambda: sent == [["a"], ["x", "y", "z"], ["b", "c", "d"]])
     dispatches.add([("e", None)])
     wait_until(lambda: sent == [["a"], ["x", "y", "z"], ["b", "c", "d"], ["e"]])
+
+
+def test_runs_queued_within_the_linger_of_a_send_go_together_when_it_is_over(monkeypatch,
+                                                                              settings):
+    """A process sends its queued runs at most once per ``AWAKEN_DISPATCH_LINGER``: the
+    first run goes at once, the runs queued within the linger of that send wait for its end
+    and then go together, in one message (so one claim)."""
+    from runs.workers import dispatch
+
+    sent = []
+
+    def send_runs(*, runs):
+        sent.append(([run_id for run_id, _ in runs], time.monotonic()))
+
+    monkeypatch.setattr(dispatch, "send_runs", send_runs)
+    settings.AWAKEN_DISPATCH_LINGER = 0.3
+    dispatches = dispatch.Dispatches()
+    dispatches.add([("a", None)])
+    wait_until(lambda: len(sent) == 1)
+    dispatches.add([("b", None)])
+    dispatches.add([("c", None)])
+    wait_until(lambda: len(sent) == 2)
+    (first, first_at), (second, second_at) = sent
+    assert (first, second) == (["a"], ["b", "c"])
+    assert second_at - first_at >= 0.3
 
 
 def test_a_send_that_fails_leaves_the_runs_queued_next_free_to_go(monkeypatch):

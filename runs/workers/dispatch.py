@@ -49,10 +49,12 @@ def runs_queued(*, runs) -> None:
 class Dispatches:
     """The queued runs of this process on their way to the broker, one send at a time.
 
-    A run queued while no send is under way is sent at once, from a broker thread. Runs
-    queued while one is under way wait for it and then go together: the runs of concurrent
-    requests share task messages, and so a worker's claim transaction, as a batch's do,
-    and nothing waits for a batch to fill. Runs that fill a message on their own
+    A run queued while no send is under way, and not within ``AWAKEN_DISPATCH_LINGER`` of
+    the last one, is sent at once, from a broker thread. Runs queued while a send is under
+    way, or within the linger after it, wait for it (the broker thread sleeps out the
+    linger) and then go together: the runs of concurrent requests share task messages,
+    and so a worker's claim transaction, as a batch's do. A lone run waits for nothing,
+    and a run of a burst at most the linger. Runs that fill a message on their own
     (``AWAKEN_DISPATCH_CHUNK``, a batch) have nothing to share and go at once, on a broker
     thread of their own. Past ``LIMIT`` runs waiting (a broker that does not answer), or
     with no broker thread free, the runs are left to the sweeper, which sends queued runs
@@ -65,6 +67,7 @@ class Dispatches:
         self._lock = threading.Lock()
         self._pending: list = []
         self._sending = False
+        self._next_send = 0.0  # time.monotonic() before which no send begins
 
     def add(self, runs: list) -> None:
         if len(runs) >= settings.AWAKEN_DISPATCH_CHUNK:
@@ -85,6 +88,8 @@ class Dispatches:
 
     def _send_pending(self) -> None:  # on a broker thread
         while True:
+            if (wait := self._next_send - time.monotonic()) > 0:
+                time.sleep(wait)  # the runs queued meanwhile go with these
             with self._lock:
                 runs, self._pending = self._pending, []
                 if not runs:
@@ -95,6 +100,7 @@ class Dispatches:
             except Exception:  # whatever it was, the runs queued next still go
                 log.exception("dispatch of %d run(s) failed; the sweeper sends them again",
                               len(runs))
+            self._next_send = time.monotonic() + settings.AWAKEN_DISPATCH_LINGER
 
 
 dispatches = Dispatches()
