@@ -103,21 +103,21 @@ def test_every_control_refuses_viewers(viewer, route):
     assert response.json()["code"] == "permission_denied"
 
 
-def test_production_settings_pass_the_deploy_check():
+def test_production_settings_pass_the_deploy_check(tmp_path):
     env = {"PATH": os.environ["PATH"], "DEBUG": "0", "SECRET_KEY": secrets.token_urlsafe(60),
            "ALLOWED_HOSTS": "runs.example.com", "SECURE_COOKIES": "1",
            "SECURE_SSL_REDIRECT": "1", "SECURE_HSTS_SECONDS": "31536000",
            "SECURE_HSTS_PRELOAD": "1", "SECURE_HSTS_INCLUDE_SUBDOMAINS": "1",
            "BEHIND_TLS_PROXY": "1",
            "DJANGO_SETTINGS_MODULE": "awaken_site.settings",
-           "AWAKEN_VAR_DIR": os.environ.get("TMPDIR", "/tmp")}
+           "AWAKEN_VAR_DIR": str(tmp_path)}
     result = subprocess.run([sys.executable, "manage.py", "check", "--deploy",
                              "--fail-level", "WARNING"], cwd=ROOT, env=env,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_hsts_names_subdomains_only_when_asked(settings):
+def test_hsts_names_subdomains_only_when_asked(settings, tmp_path):
     from django.test import Client
 
     settings.SECURE_HSTS_SECONDS = 3600
@@ -126,7 +126,7 @@ def test_hsts_names_subdomains_only_when_asked(settings):
     assert header == "max-age=3600"
     env = {"PATH": os.environ["PATH"], "SECRET_KEY": "x", "SECURE_HSTS_SECONDS": "60",
            "DJANGO_SETTINGS_MODULE": "awaken_site.settings",
-           "AWAKEN_VAR_DIR": os.environ.get("TMPDIR", "/tmp")}
+           "AWAKEN_VAR_DIR": str(tmp_path)}
     probe = "from django.conf import settings; print(settings.SECURE_HSTS_INCLUDE_SUBDOMAINS)"
     result = subprocess.run([sys.executable, "manage.py", "shell", "-c", probe], cwd=ROOT,
                             env=env, capture_output=True, text=True)
