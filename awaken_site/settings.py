@@ -30,7 +30,7 @@ def envbool(name: str, default: str = "0") -> bool:
     raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), not {value!r}")
 
 
-def envnumber(name: str, default: str, kind=int, minimum=None):
+def envnumber(name: str, default: str, kind=int, minimum=None, maximum=None):
     raw = os.getenv(name, default)
     try:
         value = kind(raw)
@@ -38,6 +38,8 @@ def envnumber(name: str, default: str, kind=int, minimum=None):
         raise ImproperlyConfigured(f"{name} must be a number, not {raw!r}") from None
     if minimum is not None and value < minimum:
         raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {value}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name} must be at most {maximum}, not {value}")
     return value
 
 
@@ -493,8 +495,10 @@ AWAKEN_DISPATCH_CHUNK = envnumber("AWAKEN_DISPATCH_CHUNK", "50", minimum=1)
 # A process sends its queued runs at most once per this many seconds: the runs queued
 # within it of the last send go together in the next, one message and one claim for the
 # requests of a burst (runs.workers.dispatch.Dispatches). Measured on 2 cores one run per
-# request, 8 callers: 0.01 against 0, 0.88 and 0.90 of the system's CPU a lifecycle.
-AWAKEN_DISPATCH_LINGER = envnumber("AWAKEN_DISPATCH_LINGER", "0.01", kind=float, minimum=0)
+# request, 8 callers: 0.01 against 0, 0.88 and 0.90 of the system's CPU a lifecycle. A
+# broker thread sleeps out the linger, so it is kept short (1 s at most).
+AWAKEN_DISPATCH_LINGER = envnumber("AWAKEN_DISPATCH_LINGER", "0.01", kind=float, minimum=0,
+                                   maximum=1)
 # How long a live command waits for the owning worker's answer.
 AWAKEN_DELIVERY_TIMEOUT = envnumber("AWAKEN_DELIVERY_TIMEOUT", "1.0", kind=float, minimum=0.05)
 # The broker threads (runs.workers.broker): the threads of each process that talk to the

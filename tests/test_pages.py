@@ -123,6 +123,15 @@ def test_without_debug_the_server_refuses_to_start_without_a_secret_key():
     assert result.returncode != 0 and "SECRET_KEY must be set" in result.stderr
 
 
+def test_a_setting_out_of_its_range_stops_the_server_with_its_name():
+    env = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "awaken_site.settings",
+           "SECRET_KEY": "x", "AWAKEN_DISPATCH_LINGER": "30"}
+    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env,
+                            capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "AWAKEN_DISPATCH_LINGER must be at most 1, not 30.0" in result.stderr
+
+
 def test_metrics_report_stop_health():
     durable = queued_run()
     domain.run_cancel(run_id=durable.id, actor="olga", source="api")
