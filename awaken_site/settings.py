@@ -497,7 +497,8 @@ AWAKEN_DISPATCH_CHUNK = envnumber("AWAKEN_DISPATCH_CHUNK", "50", minimum=1)
 # requests of a burst (runs.workers.dispatch.Dispatches). Measured on 2 cores one run per
 # request, 8 callers: 0.01 against 0, 0.88 and 0.90 of the system's CPU a lifecycle; the
 # workers' CPU against the web's, 0.80-0.84 at 0.01, 0.75-0.76 at 0.025, 0.67-0.71 at
-# 0.05 and 0.66-0.68 at 0.1 (docs/performance.md). A broker thread sleeps out the linger,
+# 0.05 and 0.66-0.68 at 0.1 (docs/performance.md); a run of a steady stream started about
+# 20 ms later at the median at 0.05 than at 0.01. A broker thread sleeps out the linger,
 # so it is kept short (1 s at most).
 AWAKEN_DISPATCH_LINGER = envnumber("AWAKEN_DISPATCH_LINGER", "0.05", kind=float, minimum=0,
                                    maximum=1)
