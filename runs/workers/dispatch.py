@@ -54,7 +54,8 @@ class Dispatches:
     way, or within the linger after it, wait for it (the broker thread sleeps out the
     linger) and then go together: the runs of concurrent requests share task messages,
     and so a worker's claim transaction, as a batch's do. A lone run waits for nothing,
-    and a run of a burst at most the linger. Runs that fill a message on their own
+    and a run of a burst at most the linger; a broker thread sleeps out the linger only for
+    runs that wait, never after a send that left none. Runs that fill a message on their own
     (``AWAKEN_DISPATCH_CHUNK``, a batch) have nothing to share and go at once, on a broker
     thread of their own. Past ``LIMIT`` runs waiting (a broker that does not answer), or
     with no broker thread free, the runs are left to the sweeper, which sends queued runs
@@ -86,21 +87,22 @@ class Dispatches:
             with self._lock:
                 self._pending, self._sending = [], False
 
-    def _send_pending(self) -> None:  # on a broker thread
+    def _send_pending(self) -> None:  # on a broker thread, with runs pending
         while True:
             if (wait := self._next_send - time.monotonic()) > 0:
                 time.sleep(wait)  # the runs queued meanwhile go with these
             with self._lock:
                 runs, self._pending = self._pending, []
-                if not runs:
-                    self._sending = False
-                    return
             try:
                 send_runs(runs=runs)
             except Exception:  # whatever it was, the runs queued next still go
                 log.exception("dispatch of %d run(s) failed; the sweeper sends them again",
                               len(runs))
             self._next_send = time.monotonic() + settings.AWAKEN_DISPATCH_LINGER
+            with self._lock:  # nothing pending: the thread is not held through the linger
+                if not self._pending:
+                    self._sending = False
+                    return
 
 
 dispatches = Dispatches()
