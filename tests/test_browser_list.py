@@ -3,9 +3,12 @@ chromium driven by Playwright) against the embedded site, at 1280×800 and 390×
 
 import os
 import re
+import sqlite3
 import struct
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager, suppress
 
 import pytest
 
@@ -594,6 +597,30 @@ def test_a_bulk_job_over_a_filter_can_be_aborted(tab, embedded_site):
     assert not page.is_visible(f'{row} [data-bulk="abort"]')
 
 
+@contextmanager
+def writes_held(site, at_most: float = 10.0):
+    """No write commits on the embedded ``site`` inside the block: the test holds its SQLite
+    database's write lock, so a worker's next write waits while pages are read (WAL lets
+    readers on). Released after ``at_most`` seconds whatever happens, so a request that
+    would write is held up, never stuck."""
+    hold = sqlite3.connect(site.var / "awaken.sqlite3", timeout=30, isolation_level=None,
+                           check_same_thread=False)
+    hold.execute("BEGIN IMMEDIATE")
+
+    def release():
+        with suppress(sqlite3.Error):  # released already
+            hold.execute("ROLLBACK")
+
+    timer = threading.Timer(at_most, release)
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        release()
+        hold.close()
+
+
 @pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
 def test_a_bulk_job_opens_on_its_runs_and_follows_the_job_live(browser, embedded_site,
                                                                viewport):
@@ -612,10 +639,11 @@ def test_a_bulk_job_opens_on_its_runs_and_follows_the_job_live(browser, embedded
             "action": "cancel", "ids": [run["id"] for run in runs]})
         assert status == 201
         link = f'tr.job[data-job-id="{job["id"]}"] a[href="/bulk/{job["id"]}/"]'
-        click_to(page, link, f'#bulk-job[data-job-id="{job["id"]}"]')
-        # Drawn while the job still runs (120 runs take a while): the rest comes from pushes.
-        assert page.get_attribute("#bulk-progress .bulk-job", "data-state") != "done"
-        assert page.locator("#bulk-items tr.item[data-outcome=pending]").count() > 0
+        with writes_held(embedded_site):  # the job cannot finish before its page is drawn
+            click_to(page, link, f'#bulk-job[data-job-id="{job["id"]}"]')
+            # Drawn while the job still runs: the rest comes from pushes.
+            assert page.get_attribute("#bulk-progress .bulk-job", "data-state") != "done"
+            assert page.locator("#bulk-items tr.item[data-outcome=pending]").count() > 0
         page.wait_for_selector('#live[data-status="live"]')
         page.wait_for_selector('#bulk-progress .bulk-job[data-state="done"]', timeout=30_000)
         page.wait_for_function(
