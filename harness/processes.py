@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Self, TypeVar
 from urllib.parse import quote
 
+import psycopg
 from celery import Celery
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -79,6 +80,33 @@ def database_url() -> str:
     password = f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD") else ""
     return (f"postgres://{quote(db['USER'] or '', safe='')}{password}@"
             f"{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}")
+
+
+BENCHMARK_LOCK = 0x617761_6B656E  # the advisory lock key a benchmark holds on its database
+
+
+class Busy(RuntimeError):
+    """Another benchmark holds the database."""
+
+
+@contextmanager
+def alone_on_the_database():
+    """Hold the database's benchmark lock while the block runs, or raise ``Busy`` at once.
+
+    Two benchmarks on one database would each take the other's CPU, and the second would
+    issue a new key to the benchmark's user, so that the first one's requests answer 401
+    halfway through. The lock is a session's advisory lock on a connection of its own, so
+    it is released when the block ends or the process dies, whatever Django does with its
+    connections meanwhile."""
+    with psycopg.connect(database_url(), autocommit=True, connect_timeout=10) as holder:
+        taken, = holder.execute("SELECT pg_try_advisory_lock(%s)", (BENCHMARK_LOCK,)).fetchone()
+        if not taken:
+            raise Busy(f"another benchmark is running against the database "
+                       f"{connection.settings_dict['NAME']!r}; wait for it to end")
+        try:
+            yield
+        finally:
+            holder.execute("SELECT pg_advisory_unlock(%s)", (BENCHMARK_LOCK,))
 
 
 def environment(extra: dict | None = None) -> dict:

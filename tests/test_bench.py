@@ -1,7 +1,8 @@
 """The instruments of ``manage.py bench``: its lean HTTP client against a real site, its CPU
 meter, which counts the benchmark's own process apart from the processes it starts, the
-load average every table prints, and the DBOS baseline (its workers, its own database, its
-cancel, and a row saying why when it cannot be measured)."""
+load average every table prints, the DBOS baseline (its workers, its own database, its
+cancel, and a row saying why when it cannot be measured), and one benchmark at a time on a
+database."""
 
 import json
 import subprocess
@@ -10,6 +11,8 @@ import time
 from io import StringIO
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection
 
 from harness import dbos_baseline
@@ -24,6 +27,7 @@ from harness.management.commands.bench import (
     dbos_lifecycle,
     parameters_bench,
 )
+from harness.processes import Busy, alone_on_the_database
 from runs.domain import sql
 from runs.models import Attempt, Event, Run
 
@@ -204,3 +208,16 @@ def test_the_history_of_ended_runs_is_inserted_whole():
     for run in runs:
         run.full_clean(exclude=["created_by", "parent", "rerun_of", "ticket", "control"])
     assert Attempt.objects.filter(run__in=runs).count() == 12
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_a_second_benchmark_on_the_same_database_is_refused_at_once(settings):
+    settings.REDIS_URL = settings.REDIS_URL or "redis://127.0.0.1:6379/0"  # never reached
+    with alone_on_the_database():
+        with pytest.raises(Busy), alone_on_the_database():
+            pass
+        with pytest.raises(CommandError, match="another benchmark is running"):
+            call_command("bench", "push", stdout=StringIO(), stderr=StringIO())
+    with alone_on_the_database():  # released by the first, and by the refused ones
+        pass

@@ -40,6 +40,7 @@ from harness import celery_db, hostile
 from harness.baseline import bench_hang
 from harness.dbos_baseline import DbosSystem
 from harness.processes import (
+    Busy,
     EmbeddedSite,
     PrivateRedis,
     Process,
@@ -47,6 +48,7 @@ from harness.processes import (
     ProcessFailed,
     Web,
     Worker,
+    alone_on_the_database,
     database_url,
     environment,
     scratch_folder,
@@ -350,6 +352,14 @@ class Command(BaseCommand):
         if not settings.REDIS_URL or "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
             raise CommandError("Set DATABASE_URL (PostgreSQL) and REDIS_URL: the benchmark "
                                "runs separate processes, which need a shared database and layer.")
+        try:
+            with alone_on_the_database():
+                self.measure(what, options)
+        except Busy as error:
+            raise CommandError(str(error)) from None
+
+    def measure(self, what, options):
+        """The parts that start processes of their own on the shared database."""
         # The web processes serve on these settings, as a deployment does: their pages (the
         # error page among them) name the collected static files by their hashed names.
         call_command("collectstatic", interactive=False, verbosity=0)
