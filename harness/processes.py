@@ -95,18 +95,15 @@ def alone_on_the_database():
 
     Two benchmarks on one database would each take the other's CPU, and the second would
     issue a new key to the benchmark's user, so that the first one's requests answer 401
-    halfway through. The lock is a session's advisory lock on a connection of its own, so
-    it is released when the block ends or the process dies, whatever Django does with its
-    connections meanwhile."""
+    halfway through. The lock is a session's advisory lock on a connection of its own,
+    whatever Django does with its connections meanwhile: closing that connection, when the
+    block ends or the process dies, releases it."""
     with psycopg.connect(database_url(), autocommit=True, connect_timeout=10) as holder:
         taken, = holder.execute("SELECT pg_try_advisory_lock(%s)", (BENCHMARK_LOCK,)).fetchone()
         if not taken:
             raise Busy(f"another benchmark is running against the database "
                        f"{connection.settings_dict['NAME']!r}; wait for it to end")
-        try:
-            yield
-        finally:
-            holder.execute("SELECT pg_advisory_unlock(%s)", (BENCHMARK_LOCK,))
+        yield
 
 
 def environment(extra: dict | None = None) -> dict:
