@@ -510,13 +510,18 @@ class EmbeddedSite(Site):
     # checkout: later sites of this process start from a copy, as if they had run both.
     _prepared: dict[Path, Path] = {}
 
+    @property
+    def database(self) -> Path:
+        """The site's SQLite database file."""
+        return self.var / DATABASE_FILE
+
     def prepare(self) -> None:
         """Migrate the site's database and collect its static files, as ``make run`` does.
         A var directory that holds no database yet gets a copy of what the first one of the
         checkout made: the migrations hold no state of their own, so the copy is what they
         would make again, in a fraction of the time."""
         made = self._prepared.get(self.root)
-        fresh = not (self.var / DATABASE_FILE).exists()
+        fresh = not self.database.exists()
         if fresh and made is not None:
             _copy_prepared(made, self.var)
             return

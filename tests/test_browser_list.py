@@ -603,7 +603,7 @@ def writes_held(site, at_most: float = 10.0):
     database's write lock, so a worker's next write waits while pages are read (WAL lets
     readers on). Released after ``at_most`` seconds whatever happens, so a request that
     would write is held up, never stuck."""
-    hold = sqlite3.connect(site.var / "awaken.sqlite3", timeout=30, isolation_level=None,
+    hold = sqlite3.connect(site.database, timeout=30, isolation_level=None,
                            check_same_thread=False)
     hold.execute("BEGIN IMMEDIATE")
 

@@ -402,8 +402,12 @@ def test_runs_queued_within_the_linger_of_a_send_go_together_when_it_is_over(mon
     monkeypatch.setattr(dispatch, "send_runs", send_runs)
     threads = dispatch.broker_threads()
     calls, post = [], threads.post
-    monkeypatch.setattr(threads, "post", lambda fn, **kwargs: calls.append(
-        post(fn, **kwargs)) or calls[-1])
+
+    def counted_post(fn, **kwargs):  # each task a broker thread is given, kept to look at
+        calls.append(post(fn, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(threads, "post", counted_post)
     settings.AWAKEN_DISPATCH_LINGER = 1.0
     dispatches = dispatch.Dispatches()
     dispatches.add([("a", None)])
