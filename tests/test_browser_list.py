@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from contextlib import contextmanager, suppress
 
 import pytest
@@ -602,10 +603,22 @@ def writes_held(site, at_most: float = 10.0):
     """No write commits on the embedded ``site`` inside the block: the test holds its SQLite
     database's write lock, so a worker's next write waits while pages are read (WAL lets
     readers on). Released after ``at_most`` seconds whatever happens, so a request that
-    would write is held up, never stuck."""
-    hold = sqlite3.connect(site.database, timeout=30, isolation_level=None,
+    would write is held up, never stuck.
+
+    The lock is asked for again at once each time the site holds it, not with SQLite's
+    growing sleeps between tries: a worker that writes one transaction after another (a
+    bulk job's runs) would take it back during each sleep and finish first."""
+    hold = sqlite3.connect(site.database, timeout=0, isolation_level=None,
                            check_same_thread=False)
-    hold.execute("BEGIN IMMEDIATE")
+    deadline = time.monotonic() + at_most
+    while True:
+        try:
+            hold.execute("BEGIN IMMEDIATE")
+            break
+        except sqlite3.OperationalError:  # "database is locked": the site is writing
+            if time.monotonic() > deadline:
+                hold.close()
+                raise
 
     def release():
         with suppress(sqlite3.Error):  # released already
