@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 import uuid
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Self, TypeVar
 from urllib.parse import quote
@@ -96,14 +96,20 @@ def alone_on_the_database():
     Two benchmarks on one database would each take the other's CPU, and the second would
     issue a new key to the benchmark's user, so that the first one's requests answer 401
     halfway through. The lock is a session's advisory lock on a connection of its own,
-    whatever Django does with its connections meanwhile: closing that connection, when the
-    block ends or the process dies, releases it."""
+    whatever Django does with its connections meanwhile. It is released when the block
+    ends, before the connection closes: the server ends a closed connection's session in
+    its own time, and a benchmark started right after would find the lock still held.
+    Should the process die, the closed connection releases it all the same."""
     with psycopg.connect(database_url(), autocommit=True, connect_timeout=10) as holder:
         taken, = holder.execute("SELECT pg_try_advisory_lock(%s)", (BENCHMARK_LOCK,)).fetchone()
         if not taken:
             raise Busy(f"another benchmark is running against the database "
                        f"{connection.settings_dict['NAME']!r}; wait for it to end")
-        yield
+        try:
+            yield
+        finally:
+            with suppress(psycopg.Error):  # a broken connection has released it already
+                holder.execute("SELECT pg_advisory_unlock(%s)", (BENCHMARK_LOCK,))
 
 
 def environment(extra: dict | None = None) -> dict:
