@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -26,6 +27,7 @@ from harness.management.commands.bench import (
     dbos_cancels,
     dbos_lifecycle,
     parameters_bench,
+    web_environment,
 )
 from harness.processes import Busy, alone_on_the_database
 from runs.domain import sql
@@ -223,3 +225,26 @@ def test_a_second_benchmark_on_the_same_database_is_refused_at_once(settings):
             call_command("bench", "push", stdout=StringIO(), stderr=StringIO())
     with alone_on_the_database():  # released by the first, and by the refused ones
         pass
+
+
+@pytest.mark.parametrize("pair", ["PYTHONMALLOC", "=pymalloc", "1X=y", "A B=c"])
+def test_a_web_variable_without_a_name_is_refused_before_anything_runs(pair):
+    with pytest.raises(CommandError, match="NAME=VALUE"):
+        call_command("bench", "push", "--web-env", pair, stdout=StringIO(), stderr=StringIO())
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_web_processes_start_with_the_variables_asked_for_and_the_table_names_them():
+    command = Command(stdout=StringIO(), stderr=StringIO())
+    command.web_env = web_environment(["PYTHONMALLOC=malloc", "PYTHONMALLOC=pymalloc",
+                                       "AWAKEN_BENCH_MARK=a=b"])
+    with command.system_of(1, 0) as ([web], _):
+        environ = Path(f"/proc/{web.pid}/environ").read_bytes().split(b"\0")
+    # The last value of a name wins over the first and over the Procfile's malloc.
+    assert b"PYTHONMALLOC=pymalloc" in environ
+    assert b"AWAKEN_BENCH_MARK=a=b" in environ
+    command.load, command.pace, command.autovacuum = 0.0, 1.0, True
+    command.print_table([("", "a row", 1.0, "")])
+    assert ("the web processes' environment, on top of the Procfile's: "
+            "PYTHONMALLOC=pymalloc AWAKEN_BENCH_MARK=a=b") in command.stdout.getvalue()

@@ -295,6 +295,10 @@ class Command(BaseCommand):
         parser.add_argument("--webs", type=int, default=1,
                             help="lifecycle, spread: web processes, the callers (lifecycle) "
                                  "or the cancels (spread) spread over them in turn.")
+        parser.add_argument("--web-env", action="append", default=[], metavar="NAME=VALUE",
+                            help="a variable of the environment of the web processes the "
+                                 "benchmark starts, on top of the Procfile's (say "
+                                 "PYTHONMALLOC=pymalloc, to weigh the allocator); repeatable.")
         parser.add_argument("--private-redis", action="store_true",
                             help="lifecycle: ours and Celery's on a Redis server of the "
                                  "benchmark's own, its CPU counted with the system's.")
@@ -323,7 +327,10 @@ class Command(BaseCommand):
                             help="spread: ended runs in the database (inserted in bulk, as for "
                                  "metrics, if fewer).")
 
+    web_env: dict = {}  # the web processes' variables on top of the Procfile's (--web-env)
+
     def handle(self, what, **options):
+        self.web_env = web_environment(options["web_env"])
         # Some parts create demo runs in this process through the domain; the processes the
         # benchmark starts register the demo agents themselves (harness.processes).
         import_module("runs.agents.demo")
@@ -417,8 +424,9 @@ class Command(BaseCommand):
         queue = f"awaken-bench-{uuid.uuid4().hex[:8]}"
         env = {"AWAKEN_QUEUE": queue, **(extra_env or {})}
         with scratch_folder("awaken-bench-") as logs, Processes() as processes:
-            served = [processes.add(Web(name=f"web{index}" if index else "web", extra_env=env,
-                                        log_dir=logs)) for index in range(webs)]
+            served = [processes.add(Web(name=f"web{index}" if index else "web",
+                                        extra_env={**env, **self.web_env}, log_dir=logs))
+                      for index in range(webs)]
             started = [processes.add(Worker(f"bench{index}-{queue}", queue=queue, concurrency=8,
                                             extra_env=env, loglevel="WARNING", log_dir=logs,
                                             broker=env.get("CELERY_BROKER_URL")))
@@ -614,6 +622,9 @@ class Command(BaseCommand):
         self.stdout.write(f"pace: a fixed loop took {self.pace:.0f} ms of CPU at the start, "
                           f"{pace():.0f} at the end (a slower machine spends more on "
                           "everything, whatever the load)")
+        if self.web_env:
+            named = " ".join(f"{name}={value}" for name, value in self.web_env.items())
+            self.stdout.write(f"the web processes' environment, on top of the Procfile's: {named}")
         if not self.autovacuum:
             self.stdout.write("note: autovacuum is off on this PostgreSQL server: the dead rows "
                               "of every run stay in the tables until a VACUUM")
@@ -1406,6 +1417,19 @@ class Failed(str):
 
 
 CALLERS = 8  # the lifecycle benchmark's callers, on each side
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def web_environment(pairs: list[str]) -> dict:
+    """``--web-env``'s ``NAME=VALUE`` pairs as a dict (the last of a name wins); anything
+    without a variable's name before its ``=`` is refused."""
+    env = {}
+    for pair in pairs:
+        name, equals, value = pair.partition("=")
+        if not equals or ENV_NAME.fullmatch(name) is None:
+            raise CommandError(f"--web-env takes NAME=VALUE, not {pair!r}.")
+        env[name] = value
+    return env
 REVOKE = "baseline: Celery revoke(terminate=True) -> task interrupted"
 
 
