@@ -237,6 +237,21 @@ class Client:
         return response.status, json.loads(response.read() or b"null")
 
 
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def web_environment(pairs: list[str]) -> dict:
+    """``--web-env``'s ``NAME=VALUE`` pairs as a dict (the last of a name wins); anything
+    without a variable's name before its ``=`` is refused."""
+    env = {}
+    for pair in pairs:
+        name, equals, value = pair.partition("=")
+        if not equals or ENV_NAME.fullmatch(name) is None:
+            raise CommandError(f"--web-env takes NAME=VALUE, not {pair!r}.")
+        env[name] = value
+    return env
+
+
 class Command(BaseCommand):
     help = ("Benchmarks: live cancel latency (with Celery's revoke as a baseline), cancel of a "
             "streaming model call as the provider sees it, socket push latency, lifecycle "
@@ -1417,19 +1432,6 @@ class Failed(str):
 
 
 CALLERS = 8  # the lifecycle benchmark's callers, on each side
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def web_environment(pairs: list[str]) -> dict:
-    """``--web-env``'s ``NAME=VALUE`` pairs as a dict (the last of a name wins); anything
-    without a variable's name before its ``=`` is refused."""
-    env = {}
-    for pair in pairs:
-        name, equals, value = pair.partition("=")
-        if not equals or ENV_NAME.fullmatch(name) is None:
-            raise CommandError(f"--web-env takes NAME=VALUE, not {pair!r}.")
-        env[name] = value
-    return env
 REVOKE = "baseline: Celery revoke(terminate=True) -> task interrupted"
 
 
