@@ -30,7 +30,9 @@ from harness.management.commands.bench import (
     web_environment,
 )
 from harness.processes import Busy, alone_on_the_database
+from harness.writes import writes_bench
 from runs.domain import sql
+from runs.domain.totals import totals
 from runs.models import Attempt, Event, Run
 
 SPEC = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
@@ -248,3 +250,30 @@ def test_the_web_processes_start_with_the_variables_asked_for_and_the_table_name
     command.print_table([("", "a row", 1.0, "")])
     assert ("the web processes' environment, on top of the Procfile's: "
             "PYTHONMALLOC=pymalloc AWAKEN_BENCH_MARK=a=b") in command.stdout.getvalue()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_writes_part_times_each_copy_of_the_runs_table_and_leaves_nothing_behind():
+    """``bench writes`` imports its runs, copies and updates them in one transaction that it
+    rolls back: afterwards only the run whose locks it counted is left, ended, and the
+    totals of /metrics still count what the table holds."""
+    rows = writes_bench(200)
+    updates, locks = rows[:6], rows[6:]
+    assert [name.split(": ", 1)[1].split()[1] for _, name, _, _ in updates] == [
+        "bare", "copy", "copy", "copy", "copy", "itself"]
+    for _, _, samples, _ in updates:
+        assert len(samples) == 2 and all(sample > 0 for sample in samples)
+    assert [name for _, name, _, _ in locks] == [
+        "relation locks of a run's create", "relation locks of a run's claim",
+        "relation locks of a run's end"]
+    for _, _, total, note in locks:
+        shared = int(note.split()[0])
+        assert 0 < total and 0 <= shared <= total
+    assert locks[2][2] > locks[0][2]  # an end locks the indexes of what it updates
+    (run,) = Run.objects.all()
+    assert (run.state, run.end_cause) == ("ended", "completed")
+    assert totals()["runs"] == {("ended", "completed"): 1}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('pg_temp.awaken_writes_whole')")
+        assert cursor.fetchone() == (None,)

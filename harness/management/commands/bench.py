@@ -54,6 +54,7 @@ from harness.processes import (
     scratch_folder,
     wait_until,
 )
+from harness.writes import writes_bench
 from runs import domain
 from runs.domain import keys, selectors, sql
 from runs.domain.attempts import renewal_chunks
@@ -266,7 +267,7 @@ class Command(BaseCommand):
         parser.add_argument("what", nargs="?", default="all",
                             choices=["all", "cancel", "provider", "push", "lifecycle", "list",
                                      "memory", "sql", "metrics", "leases", "spread",
-                                     "hostile", "flood", "watch"])
+                                     "hostile", "flood", "watch", "writes"])
         parser.add_argument("--watchers", type=int, default=3,
                             help="watch: browser pages on the busy run's page.")
         parser.add_argument("--watch-kind", default="steps,parent",
@@ -323,6 +324,9 @@ class Command(BaseCommand):
                             help="memory: live attempts held by one worker process.")
         parser.add_argument("--transitions", type=int, default=2000,
                             help="sql: transitions measured each way.")
+        parser.add_argument("--updates", type=int, default=3000,
+                            help="writes: updates of a run measured on each copy of the "
+                                 "runs table, in blocks of 100.")
         parser.add_argument("--embedded", action="store_true",
                             help="hostile: attack the embedded site (manage.py serve, on "
                                  "SQLite) instead of daphne on the configured database.")
@@ -363,6 +367,16 @@ class Command(BaseCommand):
             return
         if what == "leases":  # in this process alone too
             self.print_table(with_load(lambda: leases_bench(options["leased"])))
+            return
+        if what == "writes":  # in this process and the database alone
+            if connection.vendor != "postgresql":
+                raise CommandError("writes measures PostgreSQL's own work: set DATABASE_URL "
+                                   "(PostgreSQL)")
+            try:
+                with alone_on_the_database():  # the runs it imports are the newest
+                    self.print_table(with_load(lambda: writes_bench(options["updates"])))
+            except Busy as error:
+                raise CommandError(str(error)) from None
             return
         if what == "watch":  # an embedded site of its own, on SQLite
             self.watch(options["watchers"], options["watch_kind"].split(","), options["root"])
