@@ -643,7 +643,13 @@ def test_the_trace_draws_alike_steps_as_one_row_and_a_chat_cancelled_mid_stream(
     for figures in page.locator("#trace .trace-figures").all_text_contents():
         assert re.search(r"\+\d", figures), figures
     assert page.evaluate("document.documentElement.scrollWidth") <= size["width"]
-    bar = page.locator('#trace .trace-row[data-kind="run"] .trace-bar').bounding_box()
+    # Measured in one call in the page: a push may replace the trace meanwhile, which
+    # would leave a box asked for in two steps without its element.
+    bar = page.evaluate("""() => {
+        const box = document.querySelector('#trace .trace-row[data-kind="run"] .trace-bar')
+            .getBoundingClientRect();
+        return {x: box.x, width: box.width};
+    }""")
     assert bar["width"] > size["width"] / 3 and bar["x"] + bar["width"] <= size["width"]
     for scheme in ("light", "dark"):
         page.emulate_media(color_scheme=scheme)
