@@ -5,19 +5,21 @@ statement of its own, and each such statement pays for the table's integrity bef
 row: PostgreSQL reads, plans and compiles every check constraint of a table once per
 statement that writes it, enters the new version of a row in every index of the table
 (unless no indexed column changed and the page had room), and calls the triggers that
-keep /metrics' totals. This measures those parts apart, on copies of the
-runs table made in the benchmark's transaction, which is rolled back at the end.
+keep /metrics' totals. This measures those parts apart, on copies of the runs table made
+in the benchmark's transaction, which is rolled back at the end.
 
 Each copy holds the same ended runs. A block is ``BLOCK`` single-row updates, each of a
 different row, that flip its end cause between completed and failed (a change every check
-allows, of an indexed column, which the totals' trigger counts), run by a function in the
-database, so that the figure is the server's, with no round trip in it. The function's
-statement is planned once and kept, as psycopg's prepared statements are. The blocks of
-the copies alternate, so a change of the machine's speed falls on all of them alike. All
-of it runs in one transaction: the relation locks are taken once, where a lifecycle's
-transactions each take their own. Those are counted apart: the relation locks that a
-create, a claim and an end take, and how many of them fall outside the backend's
-fast-path slots.
+allows, of an indexed column, which the totals' trigger counts), or ``BLOCK`` inserts,
+each a copy of one of those rows under a new id, run by a function in the database, so
+that the figure is the server's, with no round trip in it. (The foreign keys of an
+insert are checked at the commit, which never comes: their checks are queued, not run.)
+The function's statements are planned once and kept, as psycopg's prepared statements
+are. The blocks of the copies alternate, so a change of the machine's speed falls on all
+of them alike. All of it runs in one transaction: the relation locks are taken once,
+where a lifecycle's transactions each take their own. Those are counted apart: the
+relation locks that a create, a claim and an end take, and how many of them fall outside
+the backend's fast-path slots.
 """
 
 import re
@@ -29,10 +31,10 @@ from runs import domain
 from runs.domain.core import Ending
 from runs.models import EndCause, Run
 
-BLOCK = 100  # updates per sample
+BLOCK = 100  # writes per sample
 
 # The copies of the runs table: (name, what its LIKE clause copies, with the totals'
-# trigger). Each has a primary key, as the table has.
+# triggers). Each has a primary key, as the table has.
 COPIES = (
     ("bare", "", False),
     ("checked", "INCLUDING CONSTRAINTS", False),
@@ -40,18 +42,23 @@ COPIES = (
     ("both", "INCLUDING CONSTRAINTS INCLUDING INDEXES", False),
     ("whole", "INCLUDING CONSTRAINTS INCLUDING INDEXES", True),
 )
-TRIGGER = "runs_metric_run_moved"  # migration 0017_metric_totals
+# The totals' triggers of a run's update and of an insert (migration 0017_metric_totals).
+TRIGGERS = ("runs_metric_run_moved", "runs_metric_runs_added")
+WRITES = ("update", "insert")
+# Lifecycles whose locks are counted: by the last, psycopg has prepared their statements
+# (at the fifth use) and PostgreSQL plans them generically (after five custom plans).
+LIFECYCLES = 15
 
 
-def writes_bench(updates: int) -> list:
-    """Rows of ``Command.print_table``: ms per ``BLOCK`` updates of a run on each copy of
-    the runs table and on the table itself, ``updates`` of each in all, then the relation
-    locks of a create, a claim and an end."""
-    blocks = max(1, updates // BLOCK)
+def writes_bench(writes: int) -> list:
+    """Rows of ``Command.print_table``: ms per ``BLOCK`` updates, and per ``BLOCK`` inserts,
+    of a run on each copy of the runs table and on the table itself, ``writes`` of each in
+    all, then the relation locks of a create, a claim and an end."""
+    blocks = max(1, writes // BLOCK)
     table = Run._meta.db_table
     with transaction.atomic():
         started = timezone.now()
-        # One block more than measured: the first of each copy plans its statement.
+        # One block more than measured: the first of each copy plans its statements.
         domain.runs_import(agent="demo.steps", count=(blocks + 1) * BLOCK, ended=True)
         ids = [str(pk) for pk in Run.objects.filter(created_at__gte=started).order_by(
             "id").values_list("id", flat=True)]
@@ -61,24 +68,27 @@ def writes_bench(updates: int) -> list:
                      "checked": f"the copy with its {checks} check constraints",
                      "indexed": f"the copy with its {indexes} indexes",
                      "both": "the copy with both",
-                     "whole": "the copy with both and the totals' trigger",
+                     "whole": "the copy with both and the totals' triggers",
                      table: f"{table} itself (its foreign keys and every trigger too)"}
             for name, like, triggered in COPIES:
                 _copy(cursor, table, name, like, triggered, ids)
             targets = [*(f"awaken_writes_{name}" for name, _, _ in COPIES), table]
             for target in targets:
-                _timer(cursor, target)
-                _block(cursor, target, ids[:BLOCK])
-            samples = {target: [] for target in targets}
+                _timers(cursor, target)
+                for write in WRITES:
+                    _block(cursor, write, target, ids[:BLOCK])
+            samples = {(write, target): [] for write in WRITES for target in targets}
             for block in range(1, blocks + 1):
                 chunk = ids[block * BLOCK:(block + 1) * BLOCK]
                 turn = block % len(targets)  # each copy first in turn
                 for target in targets[turn:] + targets[:turn]:
-                    samples[target].append(_block(cursor, target, chunk))
+                    for write in WRITES:
+                        samples[write, target].append(_block(cursor, write, target, chunk))
         transaction.set_rollback(True)
-    rows = [("writes", f"{BLOCK} updates of a run: {names[target.removeprefix('awaken_writes_')]}",
-             samples[target], "one statement each, timed in the database")
-            for target in targets]
+    rows = [("writes", f"{BLOCK} {write}s of a run: "
+             f"{names[target.removeprefix('awaken_writes_')]}", samples[write, target],
+             "one statement each, timed in the database")
+            for write in WRITES for target in targets]
     return rows + _lock_rows()
 
 
@@ -97,39 +107,55 @@ def _copy(cursor, table: str, name: str, like: str, triggered: bool, ids: list) 
         cursor.execute(f"ALTER TABLE {copy} ADD PRIMARY KEY (id)")
     cursor.execute(f"INSERT INTO {copy} SELECT * FROM {table} WHERE id = ANY(%s)", [ids])
     if triggered:
-        cursor.execute("SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = %s "
-                       "AND tgrelid = %s::regclass", [TRIGGER, table])
-        (definition,) = cursor.fetchone()
-        # The same trigger, on the copy: its ON clause names the copy instead.
-        cursor.execute(re.sub(r" ON \S+ ", f" ON pg_temp.{copy} ", definition, count=1))
+        cursor.execute("SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = ANY(%s) "
+                       "AND tgrelid = %s::regclass", [list(TRIGGERS), table])
+        for (definition,) in cursor.fetchall():
+            # The same trigger, on the copy: its ON clause names the copy instead.
+            cursor.execute(re.sub(r" ON \S+ ", f" ON pg_temp.{copy} ", definition, count=1))
     cursor.execute(f"ANALYZE {copy}")
 
 
-def _timer(cursor, target: str) -> None:
-    """A function that updates the rows of an array of ids of ``target`` one statement at a
-    time and returns the ms it took."""
-    cursor.execute(f"""
-        CREATE FUNCTION pg_temp.awaken_writes_time_{target}(ids uuid[])
-        RETURNS double precision LANGUAGE plpgsql AS $$
-        DECLARE started timestamptz := clock_timestamp(); one uuid;
-        BEGIN
-            FOREACH one IN ARRAY ids LOOP
-                UPDATE {target} SET end_cause = CASE end_cause WHEN '{EndCause.FAILED}'
-                    THEN '{EndCause.COMPLETED}' ELSE '{EndCause.FAILED}' END WHERE id = one;
-            END LOOP;
-            RETURN extract(epoch FROM clock_timestamp() - started) * 1000;
-        END $$""")
+def _timers(cursor, target: str) -> None:
+    """Functions that write ``target``'s rows of an array of ids one statement at a time,
+    and return the ms it took: one updates each row (its end cause flipped between
+    completed and failed), the other inserts a copy of each under a new id."""
+    columns = [field.column for field in Run._meta.concrete_fields]
+    listed = ", ".join(columns)
+    copied = ", ".join("gen_random_uuid()" if column == Run._meta.pk.column else column
+                       for column in columns)
+    statements = {
+        "update": f"""UPDATE {target} SET end_cause = CASE end_cause
+                      WHEN '{EndCause.FAILED}' THEN '{EndCause.COMPLETED}'
+                      ELSE '{EndCause.FAILED}' END WHERE id = one""",
+        "insert": f"INSERT INTO {target} ({listed}) SELECT {copied} FROM {target} "
+                  f"WHERE id = one",
+    }
+    for write, statement in statements.items():
+        cursor.execute(f"""
+            CREATE FUNCTION pg_temp.awaken_{write}s_{target}(ids uuid[])
+            RETURNS double precision LANGUAGE plpgsql AS $$
+            DECLARE started timestamptz := clock_timestamp(); one uuid;
+            BEGIN
+                FOREACH one IN ARRAY ids LOOP
+                    {statement};
+                END LOOP;
+                RETURN extract(epoch FROM clock_timestamp() - started) * 1000;
+            END $$""")
 
 
-def _block(cursor, target: str, ids: list) -> float:
-    cursor.execute(f"SELECT pg_temp.awaken_writes_time_{target}(%s::uuid[])", [ids])
+def _block(cursor, write: str, target: str, ids: list) -> float:
+    cursor.execute(f"SELECT pg_temp.awaken_{write}s_{target}(%s::uuid[])", [ids])
     return cursor.fetchone()[0]
 
 
 def _lock_rows() -> list:
     """The relation locks a create, a claim and an end each take in a transaction of their
-    own (the run is left ended, as the other parts leave theirs), and how many of them
-    PostgreSQL keeps in its shared lock table, past the backend's fast-path slots."""
+    own, and how many of them PostgreSQL keeps in its shared lock table, past the
+    backend's fast-path slots: on a connection that has made ``LIFECYCLES`` of them
+    (psycopg has prepared their statements and PostgreSQL's plans of them are generic, as
+    on a worker's connection by then), beside the first time. A statement planned afresh
+    locks every index of the tables it reads or writes; a generic plan only those it uses.
+    The runs are left ended, as the other parts leave theirs."""
     counted = {}
 
     def locks(name, call):
@@ -139,16 +165,17 @@ def _lock_rows() -> list:
                 cursor.execute("SELECT count(*), count(*) FILTER (WHERE NOT fastpath) "
                                "FROM pg_locks WHERE pid = pg_backend_pid() "
                                "AND locktype = 'relation' AND relation <> 'pg_locks'::regclass")
-                counted[name] = cursor.fetchone()
+                counted.setdefault(name, []).append(cursor.fetchone())
         return made
 
-    run, _ = locks("create", lambda: domain.run_create(agent="demo.steps", dispatch=False,
-                                                       source="cli"))
-    (attempt,) = locks("claim", lambda: domain.attempts_start(
-        run_ids=[str(run.id)], owner="bench-writes", lease_seconds=60))
-    locks("end", lambda: domain.attempt_finish(run_id=attempt.run_id,
-                                               generation=attempt.generation,
-                                               ending=Ending.completed()))
-    return [("writes", f"relation locks of a run's {name}", float(total),
-             f"{shared} of them in the shared lock table, past the fast-path slots")
-            for name, (total, shared) in counted.items()]
+    for _ in range(LIFECYCLES):
+        run, _ = locks("create", lambda: domain.run_create(
+            agent="demo.steps", dispatch=False, source="cli"))
+        (attempt,) = locks("claim", lambda run=run: domain.attempts_start(
+            run_ids=[str(run.id)], owner="bench-writes", lease_seconds=60))
+        locks("end", lambda attempt=attempt: domain.attempt_finish(
+            run_id=attempt.run_id, generation=attempt.generation, ending=Ending.completed()))
+    return [("writes", f"relation locks of a run's {name}", float(last[0]),
+             f"{last[1]} of them past the fast-path slots; the first time on the connection "
+             f"{first[0]} ({first[1]})")
+            for name, (first, *_, last) in counted.items()]

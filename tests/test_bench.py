@@ -30,10 +30,11 @@ from harness.management.commands.bench import (
     web_environment,
 )
 from harness.processes import Busy, alone_on_the_database
-from harness.writes import writes_bench
+from harness.writes import LIFECYCLES, writes_bench
 from runs.domain import sql
 from runs.domain.totals import totals
 from runs.models import Attempt, Event, Run
+from tests.conftest import ON_POSTGRES
 
 SPEC = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
 
@@ -252,28 +253,37 @@ def test_the_web_processes_start_with_the_variables_asked_for_and_the_table_name
             "PYTHONMALLOC=pymalloc AWAKEN_BENCH_MARK=a=b") in command.stdout.getvalue()
 
 
+@pytest.mark.skipif(ON_POSTGRES, reason="what is refused is another database")
+def test_the_writes_part_refuses_a_database_other_than_postgresql():
+    with pytest.raises(CommandError, match="writes measures PostgreSQL's own work"):
+        call_command("bench", "writes", stdout=StringIO(), stderr=StringIO())
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_the_writes_part_times_each_copy_of_the_runs_table_and_leaves_nothing_behind():
-    """``bench writes`` imports its runs, copies and updates them in one transaction that it
-    rolls back: afterwards only the run whose locks it counted is left, ended, and the
-    totals of /metrics still count what the table holds."""
+    """``bench writes`` imports its runs, copies, updates and inserts them in one transaction
+    that it rolls back: afterwards only the runs whose locks it counted are left, ended,
+    and the totals of /metrics still count what the table holds."""
     rows = writes_bench(200)
-    updates, locks = rows[:6], rows[6:]
-    assert [name.split(": ", 1)[1].split()[1] for _, name, _, _ in updates] == [
-        "bare", "copy", "copy", "copy", "copy", "itself"]
-    for _, _, samples, _ in updates:
+    writes, locks = rows[:12], rows[12:]
+    assert [name.split(": ", 1)[0] for _, name, _, _ in writes] == (
+        ["100 updates of a run"] * 6 + ["100 inserts of a run"] * 6)
+    assert [name.split(": ", 1)[1].split()[1] for _, name, _, _ in writes] == [
+        "bare", "copy", "copy", "copy", "copy", "itself"] * 2
+    for _, _, samples, _ in writes:
         assert len(samples) == 2 and all(sample > 0 for sample in samples)
     assert [name for _, name, _, _ in locks] == [
         "relation locks of a run's create", "relation locks of a run's claim",
         "relation locks of a run's end"]
     for _, _, total, note in locks:
         shared = int(note.split()[0])
-        assert 0 < total and 0 <= shared <= total
-    assert locks[2][2] > locks[0][2]  # an end locks the indexes of what it updates
-    (run,) = Run.objects.all()
-    assert (run.state, run.end_cause) == ("ended", "completed")
-    assert totals()["runs"] == {("ended", "completed"): 1}
+        first = int(note.split("the first time on the connection ")[1].split()[0])
+        assert 0 < total <= first and 0 <= shared <= total
+    # A plan made afresh locks every index of the runs table, a generic one those it uses.
+    assert locks[2][2] < int(locks[2][3].split("connection ")[1].split()[0])
+    assert set(Run.objects.values_list("state", "end_cause")) == {("ended", "completed")}
+    assert totals()["runs"] == {("ended", "completed"): LIFECYCLES}
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass('pg_temp.awaken_writes_whole')")
         assert cursor.fetchone() == (None,)

@@ -324,9 +324,9 @@ class Command(BaseCommand):
                             help="memory: live attempts held by one worker process.")
         parser.add_argument("--transitions", type=int, default=2000,
                             help="sql: transitions measured each way.")
-        parser.add_argument("--updates", type=int, default=3000,
-                            help="writes: updates of a run measured on each copy of the "
-                                 "runs table, in blocks of 100.")
+        parser.add_argument("--writes", type=int, default=3000,
+                            help="writes: updates, and inserts, of a run measured on each "
+                                 "copy of the runs table, in blocks of 100.")
         parser.add_argument("--embedded", action="store_true",
                             help="hostile: attack the embedded site (manage.py serve, on "
                                  "SQLite) instead of daphne on the configured database.")
@@ -374,7 +374,7 @@ class Command(BaseCommand):
                                    "(PostgreSQL)")
             try:
                 with alone_on_the_database():  # the runs it imports are the newest
-                    self.print_table(with_load(lambda: writes_bench(options["updates"])))
+                    self.print_table(with_load(lambda: writes_bench(options["writes"])))
             except Busy as error:
                 raise CommandError(str(error)) from None
             return
