@@ -315,6 +315,20 @@ def browser():
         browser.close()
 
 
+def box_of(page, selector: str) -> dict:
+    """The box of the first element of ``selector``, measured in one call in the page. The
+    live pages redraw their parts from each push, so a box asked for in two steps (find
+    the element, then measure it) can find it replaced, and come back empty."""
+    box = page.evaluate("""(selector) => {
+        const found = document.querySelector(selector);
+        if (!found) return null;
+        const box = found.getBoundingClientRect();
+        return {x: box.x, y: box.y, width: box.width, height: box.height};
+    }""", selector)
+    assert box is not None, f"nothing in the page matches {selector}"
+    return box
+
+
 def click_to(page, selector: str, arrived: str, tries: int = 3) -> None:
     """Click ``selector`` until ``arrived`` shows. The live pages redraw a row from each
     push, so on a busy machine a click can land on a row as it is replaced, and be lost;

@@ -15,7 +15,7 @@ import pytest
 
 from harness.processes import ROOT
 from tests.accessibility import serious_violations
-from tests.conftest import CHROMIUM, click_to
+from tests.conftest import CHROMIUM, box_of, click_to
 from tests.test_browser import answer_dialogs
 
 DESKTOP = {"width": 1280, "height": 800}
@@ -234,7 +234,7 @@ def test_the_phone_layout_fits_and_its_buttons_are_big(browser, embedded_site, w
         page.wait_for_selector(row)
         assert page.evaluate("document.documentElement.scrollWidth") <= width
         for action in ("pause", "cancel", "stop"):
-            box = page.locator(f'{row} [data-action="{action}"]').bounding_box()
+            box = box_of(page, f'{row} [data-action="{action}"]')
             assert box["height"] >= 44 and box["x"] >= 0 and box["x"] + box["width"] <= width
         page.check(f"{row} [data-select]")  # nothing covers the checkbox of a card
         assert page.is_visible("#bulk-bar")
@@ -505,7 +505,7 @@ def test_the_overview_has_a_range_in_its_url_a_table_by_agent_and_a_live_history
             '/api/overview/?window=3600')).json()).live_series""")
         assert any(point["running"] is not None for point in history[:-1])
         assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
-        box = row.bounding_box()
+        box = box_of(page, 'tr[data-agent="demo.hang"]')
         assert box["x"] >= 0 and box["x"] + box["width"] <= viewport["width"]
 
         # A range of one's own: from and to, kept in the URL.

@@ -11,7 +11,7 @@ import pytest
 from harness.processes import EmbeddedSite, wait_until
 from harness.watching import Watcher
 from tests.accessibility import serious_violations
-from tests.conftest import CHROMIUM, click_to
+from tests.conftest import CHROMIUM, box_of, click_to
 from tests.test_browser import logged_in
 
 pytestmark = [pytest.mark.sites_stream,
@@ -643,13 +643,7 @@ def test_the_trace_draws_alike_steps_as_one_row_and_a_chat_cancelled_mid_stream(
     for figures in page.locator("#trace .trace-figures").all_text_contents():
         assert re.search(r"\+\d", figures), figures
     assert page.evaluate("document.documentElement.scrollWidth") <= size["width"]
-    # Measured in one call in the page: a push may replace the trace meanwhile, which
-    # would leave a box asked for in two steps without its element.
-    bar = page.evaluate("""() => {
-        const box = document.querySelector('#trace .trace-row[data-kind="run"] .trace-bar')
-            .getBoundingClientRect();
-        return {x: box.x, width: box.width};
-    }""")
+    bar = box_of(page, '#trace .trace-row[data-kind="run"] .trace-bar')
     assert bar["width"] > size["width"] / 3 and bar["x"] + bar["width"] <= size["width"]
     for scheme in ("light", "dark"):
         page.emulate_media(color_scheme=scheme)
