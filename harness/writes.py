@@ -29,18 +29,20 @@ from django.utils import timezone
 
 from runs import domain
 from runs.domain.core import Ending
+from runs.domain.sql import quoted
 from runs.models import EndCause, Run
 
 BLOCK = 100  # writes per sample
 
 # The copies of the runs table: (name, what its LIKE clause copies, with the totals'
-# triggers). Each has a primary key, as the table has.
+# triggers, what its rows call it). Each has a primary key, as the table has.
 COPIES = (
-    ("bare", "", False),
-    ("checked", "INCLUDING CONSTRAINTS", False),
-    ("indexed", "INCLUDING INDEXES", False),
-    ("both", "INCLUDING CONSTRAINTS INCLUDING INDEXES", False),
-    ("whole", "INCLUDING CONSTRAINTS INCLUDING INDEXES", True),
+    ("bare", "", False, "a bare copy of {table} (its primary key alone)"),
+    ("checked", "INCLUDING CONSTRAINTS", False, "the copy with its {checks} check constraints"),
+    ("indexed", "INCLUDING INDEXES", False, "the copy with its {indexes} indexes"),
+    ("both", "INCLUDING CONSTRAINTS INCLUDING INDEXES", False, "the copy with both"),
+    ("whole", "INCLUDING CONSTRAINTS INCLUDING INDEXES", True,
+     "the copy with both and the totals' triggers"),
 )
 # The totals' triggers of a run's update and of an insert (migration 0017_metric_totals).
 TRIGGERS = ("runs_metric_run_moved", "runs_metric_runs_added")
@@ -64,15 +66,12 @@ def writes_bench(writes: int) -> list:
             "id").values_list("id", flat=True)]
         with connection.cursor() as cursor:
             checks, indexes = _counts(cursor, table)
-            names = {"bare": f"a bare copy of {table} (its primary key alone)",
-                     "checked": f"the copy with its {checks} check constraints",
-                     "indexed": f"the copy with its {indexes} indexes",
-                     "both": "the copy with both",
-                     "whole": "the copy with both and the totals' triggers",
-                     table: f"{table} itself (its foreign keys and every trigger too)"}
-            for name, like, triggered in COPIES:
-                _copy(cursor, table, name, like, triggered, ids)
-            targets = [*(f"awaken_writes_{name}" for name, _, _ in COPIES), table]
+            labels = {f"awaken_writes_{name}": label.format(
+                table=table, checks=checks, indexes=indexes) for name, _, _, label in COPIES}
+            labels[table] = f"{table} itself (its foreign keys and every trigger too)"
+            for name, like, triggered, _ in COPIES:
+                _copy(cursor, table, f"awaken_writes_{name}", like, triggered, ids)
+            targets = list(labels)
             for target in targets:
                 _timers(cursor, target)
                 for write in WRITES:
@@ -85,8 +84,7 @@ def writes_bench(writes: int) -> list:
                     for write in WRITES:
                         samples[write, target].append(_block(cursor, write, target, chunk))
         transaction.set_rollback(True)
-    rows = [("writes", f"{BLOCK} {write}s of a run: "
-             f"{names[target.removeprefix('awaken_writes_')]}", samples[write, target],
+    rows = [("writes", f"{BLOCK} {write}s of a run: {labels[target]}", samples[write, target],
              "one statement each, timed in the database")
             for write in WRITES for target in targets]
     return rows + _lock_rows()
@@ -100,12 +98,14 @@ def _counts(cursor, table: str) -> tuple[int, int]:
     return checks, cursor.fetchone()[0]
 
 
-def _copy(cursor, table: str, name: str, like: str, triggered: bool, ids: list) -> None:
-    copy = f"awaken_writes_{name}"
-    cursor.execute(f"CREATE TEMPORARY TABLE {copy} (LIKE {table} {like}) ON COMMIT DROP")
+def _copy(cursor, table: str, copy: str, like: str, triggered: bool, ids: list) -> None:
+    key = quoted(Run._meta.pk.column)
+    cursor.execute(f"CREATE TEMPORARY TABLE {copy} (LIKE {quoted(table)} {like}) "
+                   f"ON COMMIT DROP")
     if "INDEXES" not in like:
-        cursor.execute(f"ALTER TABLE {copy} ADD PRIMARY KEY (id)")
-    cursor.execute(f"INSERT INTO {copy} SELECT * FROM {table} WHERE id = ANY(%s)", [ids])
+        cursor.execute(f"ALTER TABLE {copy} ADD PRIMARY KEY ({key})")
+    cursor.execute(f"INSERT INTO {copy} SELECT * FROM {quoted(table)} WHERE {key} = ANY(%s)",
+                   [ids])
     if triggered:
         cursor.execute("SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = ANY(%s) "
                        "AND tgrelid = %s::regclass", [list(TRIGGERS), table])
@@ -119,16 +119,16 @@ def _timers(cursor, target: str) -> None:
     """Functions that write ``target``'s rows of an array of ids one statement at a time,
     and return the ms it took: one updates each row (its end cause flipped between
     completed and failed), the other inserts a copy of each under a new id."""
-    columns = [field.column for field in Run._meta.concrete_fields]
-    listed = ", ".join(columns)
-    copied = ", ".join("gen_random_uuid()" if column == Run._meta.pk.column else column
-                       for column in columns)
+    meta = Run._meta
+    key, cause = quoted(meta.pk.column), quoted(meta.get_field("end_cause").column)
+    columns = [quoted(field.column) for field in meta.concrete_fields]
+    copied = ", ".join("gen_random_uuid()" if column == key else column for column in columns)
     statements = {
-        "update": f"""UPDATE {target} SET end_cause = CASE end_cause
+        "update": f"""UPDATE {quoted(target)} SET {cause} = CASE {cause}
                       WHEN '{EndCause.FAILED}' THEN '{EndCause.COMPLETED}'
-                      ELSE '{EndCause.FAILED}' END WHERE id = one""",
-        "insert": f"INSERT INTO {target} ({listed}) SELECT {copied} FROM {target} "
-                  f"WHERE id = one",
+                      ELSE '{EndCause.FAILED}' END WHERE {key} = one""",
+        "insert": f"INSERT INTO {quoted(target)} ({', '.join(columns)}) SELECT {copied} "
+                  f"FROM {quoted(target)} WHERE {key} = one",
     }
     for write, statement in statements.items():
         cursor.execute(f"""
