@@ -36,6 +36,7 @@ from websockets.sync.client import connect as ws_connect
 
 from harness.hostile_input import CRASHERS, bad_frame, hostile_body, hostile_kinds
 from harness.processes import wait_until
+from runs.sockets.daphne import TIMEOUTS
 
 MiB = 1024 * 1024
 
@@ -359,8 +360,11 @@ def socket_fuzz_phase(target: Target, outcome: Outcome, frames: int, seed: int) 
 
 def fuzz_one_socket(target: Target, outcome: Outcome, rng, key: str, left: int) -> int:
     """Send bad frames on one socket until ``left`` are sent or the server drops it;
-    returns how many are left. After the last, a resume must be answered."""
-    with ws_connect(f"{target.ws}/ws/runs/", max_size=None, ping_interval=None,
+    returns how many are left. After the last, a resume must be answered. The client keeps
+    every message it has not read (``max_queue=None``): with a bounded queue it would stop
+    reading at the replay's sixteenth message, and its close would wait out its timeout for
+    a close frame behind the rest."""
+    with ws_connect(f"{target.ws}/ws/runs/", max_size=None, max_queue=None, ping_interval=None,
                     additional_headers={"Authorization": f"Token {key}"}) as sock:
         sock.recv(timeout=30)  # the snapshot
         while left > 0:
@@ -487,6 +491,7 @@ class StalledClient:
             response += self.sock.recv(1)
         if not response.startswith(b"HTTP/1.1 101"):
             raise ConnectionError(response[:200])
+        self.spoke = time.monotonic()
 
     def send_text(self, text: str) -> None:
         payload, mask = text.encode(), os.urandom(4)
@@ -494,6 +499,17 @@ class StalledClient:
             bytes([0x81, 0x80 | 126]) + struct.pack("!H", len(payload)))
         masked = bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
         self.sock.sendall(header + mask + masked)
+        self.spoke = time.monotonic()
+
+    def nudge(self, every: float) -> None:
+        """Send a word (answered with an error) if the client has said nothing for
+        ``every`` seconds: daphne pings only a socket silent for its ping interval, so a
+        client that keeps talking is never closed by the ping, only by its buffer."""
+        if time.monotonic() - self.spoke >= every and not self.dropped():
+            try:
+                self.send_text('{"type": "still here"}')
+            except OSError:
+                pass  # closed meanwhile: dropped() says so
 
     def dropped(self) -> bool:
         """Whether the server closed the connection, seen without reading."""
@@ -504,21 +520,35 @@ class StalledClient:
         self.sock.close()
 
 
-def stalled_sockets_phase(target: Target, outcome: Outcome, clients: int, asks: int) -> None:
+def stalled_sockets_phase(target: Target, outcome: Outcome, clients: int, asks: int, *,
+                          until_dropped: bool = True) -> None:
     """``clients`` sockets that ask ``asks`` times for a replay of the last 900 events (some
-    MiB each) and never read: the server must drop each once its buffer is full."""
+    MiB each) and never read: the server must drop each once its buffer is full. Each ask
+    is from one event further back than the last, so that none is coalesced with the
+    replay before it, and each client keeps talking while it waits (``nudge``), so that
+    only its buffer can close it, not daphne's ping. Without ``until_dropped`` (the
+    warm-up, before there is much to replay) the clients go once they have asked."""
     with ws_connect(f"{target.ws}/ws/runs/", max_size=None, ping_interval=None,
                     additional_headers={"Authorization": f"Token {target.viewer}"}) as sock:
         after = max(0, json.loads(sock.recv(timeout=30))["seq"] - 900)
     stalled = [StalledClient(target.port, target.viewer) for _ in range(clients)]
+    nudge_every = TIMEOUTS["ping_interval"] / 4
+
+    def all_dropped() -> bool:
+        for client in stalled:
+            client.nudge(nudge_every)
+        return all(client.dropped() for client in stalled)
+
     try:
-        for _ in range(asks):
+        for asked in range(asks):
             for client in stalled:
-                client.send_text(json.dumps({"type": "resume", "after": after}))
+                client.send_text(json.dumps({"type": "resume",
+                                             "after": after + asks - 1 - asked}))
                 outcome.tried += 1
+        if not until_dropped:
+            return
         try:
-            wait_until(lambda: all(client.dropped() for client in stalled), 90,
-                       "the server to drop every stalled client", every=0.1)
+            wait_until(all_dropped, 120, "the server to drop every stalled client", every=0.1)
         except TimeoutError:
             pass
         for client in stalled:
@@ -595,7 +625,7 @@ def warm_up(target: Target, run_ids: dict, seed: int, sizes: Sizes) -> None:
     large_inputs_phase(target, scratch, 2)
     # As many at once as in the attack: the pools of threads and connections grow to it.
     big_lists_phase(target, scratch, sizes.list_parallel, 1)
-    stalled_sockets_phase(target, scratch, 2, 2)
+    stalled_sockets_phase(target, scratch, 2, 2, until_dropped=False)
     for _ in range(sizes.units):
         normal_work(target)
 
