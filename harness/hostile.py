@@ -505,7 +505,7 @@ class StalledClient:
         """Send a word (answered with an error) if the client has said nothing for
         ``every`` seconds: daphne pings only a socket silent for its ping interval, so a
         client that keeps talking is never closed by the ping, only by its buffer."""
-        if time.monotonic() - self.spoke >= every and not self.dropped():
+        if time.monotonic() - self.spoke >= every:
             try:
                 self.send_text('{"type": "still here"}')
             except OSError:
@@ -535,9 +535,10 @@ def stalled_sockets_phase(target: Target, outcome: Outcome, clients: int, asks: 
     nudge_every = TIMEOUTS["ping_interval"] / 4
 
     def all_dropped() -> bool:
-        for client in stalled:
+        still_open = [client for client in stalled if not client.dropped()]
+        for client in still_open:
             client.nudge(nudge_every)
-        return all(client.dropped() for client in stalled)
+        return not still_open
 
     try:
         for asked in range(asks):
