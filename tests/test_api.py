@@ -299,6 +299,8 @@ UNKNOWN = str(uuid.uuid4())
 ERROR_CASES = [
     ("detail-of-an-unknown-run", "op", "get", "/api/runs/{unknown}/", None, 404, "not_found"),
     ("detail-of-a-malformed-id", "op", "get", "/api/runs/not-a-uuid/", None, 404, "not_found"),
+    # The id "batch" is a malformed id too, though a path of its own is beside it.
+    ("detail-of-the-id-batch", "viewer", "get", "/api/runs/batch/", None, 404, "not_found"),
     ("cancel-of-a-malformed-id", "op", "post", "/api/runs/not-a-uuid/cancel/", {}, 404,
      "not_found"),
     ("cancel-of-an-unknown-run", "op", "post", "/api/runs/{unknown}/cancel/", {}, 404,

@@ -343,7 +343,8 @@ def test_bad_previews_are_refused(op_client, viewer_client, settings, body, fiel
 
 
 def test_an_unknown_job_is_not_found(op_client, viewer_client):
-    for path in ("/api/bulk/00000000-0000-0000-0000-000000000000/", "/api/bulk/nope/"):
+    for path in ("/api/bulk/00000000-0000-0000-0000-000000000000/", "/api/bulk/nope/",
+                 "/api/bulk/preview/"):  # a path of its own, and as a job's id malformed
         response = viewer_client.get(path)
         assert (response.status_code, response.json()["code"]) == (404, "not_found")
         response = op_client.post(path + "abort/")

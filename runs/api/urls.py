@@ -1,3 +1,5 @@
+from functools import wraps
+
 from django.shortcuts import render
 from django.urls import path
 from drf_spectacular.views import SpectacularSwaggerSplitView
@@ -17,9 +19,26 @@ class DocsView(SpectacularSwaggerSplitView):
         return super().handle_exception(exc)
 
 
+def beside(literal, by_id, **id_kwargs):
+    """The view of a literal segment beside an id (``runs/batch/`` beside
+    ``runs/<run_id>/``): the methods ``literal`` has are its own; any other is ``by_id``'s,
+    with the segment as the id. ``GET /api/runs/batch/`` then answers as every id that is not
+    a UUID does (404 ``not_found``), where the literal's view alone would answer 405."""
+    own = {method for method in literal.view_class.http_method_names
+           if hasattr(literal.view_class, method)}
+
+    @wraps(literal)  # its attributes too: exempt from CSRF, its class for the schema
+    def view(request, *args, **kwargs):
+        if request.method.lower() in own:
+            return literal(request, *args, **kwargs)
+        return by_id(request, **id_kwargs)
+    return view
+
+
 urlpatterns = [
     path("runs/", views.RunListView.as_view(), name="runs-list"),
-    path("runs/batch/", views.RunBatchView.as_view(), name="runs-batch"),
+    path("runs/batch/", beside(views.RunBatchView.as_view(), views.RunDetailView.as_view(),
+                               run_id="batch"), name="runs-batch"),
     # <str:run_id>: an id that is not a UUID is a JSON 404, not Django's HTML page.
     path("runs/<str:run_id>/", views.RunDetailView.as_view(), name="runs-detail"),
     path("runs/<str:run_id>/events/", views.RunEventsView.as_view(), name="runs-events"),
@@ -42,7 +61,8 @@ urlpatterns = [
     path("workers/<str:name>/undrain/", console.WorkerUndrainView.as_view(),
          name="workers-undrain"),
     path("bulk/", bulk.BulkListView.as_view(), name="runs-bulk"),
-    path("bulk/preview/", bulk.BulkPreviewView.as_view(), name="runs-bulk-preview"),
+    path("bulk/preview/", beside(bulk.BulkPreviewView.as_view(), bulk.BulkDetailView.as_view(),
+                                 job_id="preview"), name="runs-bulk-preview"),
     path("bulk/<str:job_id>/", bulk.BulkDetailView.as_view(), name="runs-bulk-detail"),
     path("bulk/<str:job_id>/abort/", bulk.BulkAbortView.as_view(), name="runs-bulk-abort"),
     path("webhooks/", webhooks.WebhooksView.as_view(), name="webhooks"),
