@@ -232,15 +232,17 @@ def normal_work(target: Target, requests_: int = 100) -> int:
     return pushes
 
 
-def cpu_per_unit(target: Target, units: int) -> tuple[float, float]:
-    """The process's CPU per unit of normal work: median and spread (ms), over ``units``."""
-    samples = []
+def time_units(target: Target, units: int) -> tuple[float, float, list]:
+    """The process's CPU per unit of normal work: median and spread (ms), over ``units``;
+    and its trail: the RSS (bytes) and threads of the process after each unit."""
+    samples, trail = [], []
     for _ in range(units):
         started = cpu_seconds(target.pid)
         normal_work(target)
         samples.append((cpu_seconds(target.pid) - started) * 1000)
+        trail.append((rss_bytes(target.pid), threads(target.pid)))
     spread = statistics.pstdev(samples) if len(samples) > 1 else 0.0
-    return statistics.median(samples), spread
+    return statistics.median(samples), spread, trail
 
 
 def quiet(target: Target, timeout: float = 60, window: float = 2.0) -> float:
@@ -595,6 +597,8 @@ class Report:
     rss_rounds: list = field(default_factory=list)  # once quiet after each round
     cpu_before: tuple = (0.0, 0.0)
     cpu_after: tuple = (0.0, 0.0)
+    trail_before: list = field(default_factory=list)  # (RSS, threads) after each unit
+    trail_after: list = field(default_factory=list)
     quiet_seconds: float = 0.0
     outcomes: list = field(default_factory=list)
 
@@ -648,7 +652,8 @@ def attack(target: Target, sizes: Sizes, *, rounds: int = 1, seed: int | None = 
 
     warm_up(target, run_ids, seed, sizes)
     quiet(target)
-    report.cpu_before = cpu_per_unit(target, sizes.units)
+    median, spread, report.trail_before = time_units(target, sizes.units)
+    report.cpu_before = (median, spread)
     report.rss_before = rss_bytes(target.pid)
     report.threads_before = threads(target.pid)
     say(f"before: {report.rss_before / MiB:.1f} MiB, {report.cpu_before[0]:.0f} ms CPU "
@@ -688,7 +693,8 @@ def attack(target: Target, sizes: Sizes, *, rounds: int = 1, seed: int | None = 
     finally:
         sampler.stop()
 
-    report.cpu_after = cpu_per_unit(target, sizes.units)
+    median, spread, report.trail_after = time_units(target, sizes.units)
+    report.cpu_after = (median, spread)
     report.rss_after = rss_bytes(target.pid)
     report.threads_after = threads(target.pid)
     return report
@@ -723,6 +729,10 @@ def table(report: Report) -> list[str]:
             f"{rss / MiB:.1f}" for rss in report.rss_rounds))
     lines.append(f"{'threads':<34}{report.threads_before:>10}{'':>10}"
                  f"{report.threads_after:>10}")
+    for when, trail in (("before", report.trail_before), ("after", report.trail_after)):
+        if len(trail) > 1:
+            lines.append(f"RSS (MiB) / threads after each unit {when}: " + ", ".join(
+                f"{rss / MiB:.1f}/{count}" for rss, count in trail))
     lines.append(f"(CPU: median of {report.sizes.units} units, spread {spread_before:.0f} and "
                  f"{spread_after:.0f} ms; quiet after {report.quiet_seconds:.0f} s)")
     return lines

@@ -19,7 +19,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import import_module
 from io import StringIO
 from operator import itemgetter
@@ -332,6 +332,9 @@ class Command(BaseCommand):
                                  "SQLite) instead of daphne on the configured database.")
         parser.add_argument("--scale", type=float, default=1.0,
                             help="hostile: size of every phase, 1 being the full attack.")
+        parser.add_argument("--units", type=int, default=hostile.Sizes.units,
+                            help="hostile: units of normal work timed before the attack and "
+                                 "after it, the memory and threads printed after each.")
         parser.add_argument("--seed", type=int, default=None,
                             help="hostile: the socket fuzzer's seed (random by default).")
         parser.add_argument("--metrics-runs", type=int, default=1_000_000,
@@ -382,8 +385,7 @@ class Command(BaseCommand):
             self.watch(options["watchers"], options["watch_kind"].split(","), options["root"])
             return
         if what == "hostile" and options["embedded"]:  # a site of its own, on SQLite
-            self.hostile_embedded(hostile.Sizes.scaled(options["scale"]), options["rounds"],
-                                  options["seed"])
+            self.hostile_embedded(hostile_sizes(options), options["rounds"], options["seed"])
             return
         if not settings.REDIS_URL or "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
             raise CommandError("Set DATABASE_URL (PostgreSQL) and REDIS_URL: the benchmark "
@@ -425,8 +427,7 @@ class Command(BaseCommand):
                                           options["ended"], options["webs"]),
         }
         if what == "hostile":
-            self.hostile(hostile.Sizes.scaled(options["scale"]), options["rounds"],
-                         options["seed"])
+            self.hostile(hostile_sizes(options), options["rounds"], options["seed"])
             return
         if what == "flood":
             self.flood(options["rounds"])
@@ -1190,6 +1191,10 @@ class Command(BaseCommand):
                           f"{load_average():.2f} at the end\n")
         for line in hostile.table(report):
             self.stdout.write(line)
+
+
+def hostile_sizes(options) -> hostile.Sizes:
+    return replace(hostile.Sizes.scaled(options["scale"]), units=options["units"])
 
 
 def statements_bench(transitions: int) -> list:
