@@ -27,6 +27,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 import requests
 from hypothesis import HealthCheck, given, settings
@@ -199,6 +200,10 @@ class Outcome:
 
 NORMAL_RUN = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
 
+# The shipped agent of each framework adapter: the attack starts them (the document lists
+# them), and each one's first run imports its framework, a hundred MiB and more in all.
+FRAMEWORK_AGENTS = ("pydantic_ai.chat", "openai_agents.chat", "langgraph.chat")
+
 
 def normal_work(target: Target, requests_: int = 100) -> int:
     """``requests_`` ordinary requests (a quarter start runs, half read the newest page of
@@ -230,6 +235,30 @@ def normal_work(target: Target, requests_: int = 100) -> int:
                 waiting.discard(run.get("id"))
     api.close()
     return pushes
+
+
+def framework_runs(target: Target) -> list[str]:
+    """One run of each shipped framework agent the site serves, each waited for until it
+    has ended: what the first runs of an agent framework load is loaded. Returns the
+    agents run (a site without the ``frameworks`` extra refuses theirs as invalid)."""
+    api = Http(target, target.operator)
+    started = {}
+    for agent in FRAMEWORK_AGENTS:
+        status, body = api.json("POST", "/api/runs/", {"agent": agent, "input": {
+            "prompt": "What does a cancel stop?"}})
+        if status == 201:
+            started[agent] = body["id"]
+        elif status != 400:
+            raise RuntimeError(f"could not start {agent}: {status} {body}")
+
+    def ended(run_id):
+        status, data = api.send("GET", f"/api/runs/{run_id}/")
+        return status == 200 and json.loads(data)["state"] == "ended"
+
+    for agent, run_id in started.items():
+        wait_until(partial(ended, run_id), 120, f"the {agent} run to end", every=0.1)
+    api.close()
+    return list(started)
 
 
 def time_units(target: Target, units: int) -> tuple[float, float, list]:
@@ -522,17 +551,36 @@ class StalledClient:
         self.sock.close()
 
 
+def replayed_after(target: Target, back: int) -> int:
+    """A seq at most ``back`` events before the newest whose resume the server answers with
+    a replay, not with a snapshot: a replay that would send more than its limit (the events
+    after the seq and those of the seconds just before it, which depend on how fast the
+    attack wrote them) is answered with a snapshot of the list, too small to fill a buffer.
+    Halves ``back`` until one is, asking on a new socket each time (a socket's resumes are
+    coalesced)."""
+    while True:
+        with ws_connect(f"{target.ws}/ws/runs/", max_size=None, ping_interval=None,
+                        additional_headers={"Authorization": f"Token {target.viewer}"}) as sock:
+            newest = json.loads(sock.recv(timeout=30))["seq"]
+            after = max(0, newest - back)
+            if after == newest or back <= 1:
+                return after
+            sock.send(json.dumps({"type": "resume", "after": after}))
+            if json.loads(sock.recv(timeout=30))["type"] != "snapshot":
+                return after
+        back //= 2
+
+
 def stalled_sockets_phase(target: Target, outcome: Outcome, clients: int, asks: int, *,
                           until_dropped: bool = True) -> None:
-    """``clients`` sockets that ask ``asks`` times for a replay of the last 900 events (some
-    MiB each) and never read: the server must drop each once its buffer is full. Each ask
+    """``clients`` sockets that ask ``asks`` times for a replay of up to the last 900 events
+    (some MiB each; ``replayed_after``) and never read: the server must drop each once its
+    buffer is full. Each ask
     is from one event further back than the last, so that none is coalesced with the
     replay before it, and each client keeps talking while it waits (``nudge``), so that
     only its buffer can close it, not daphne's ping. Without ``until_dropped`` (the
     warm-up, before there is much to replay) the clients go once they have asked."""
-    with ws_connect(f"{target.ws}/ws/runs/", max_size=None, ping_interval=None,
-                    additional_headers={"Authorization": f"Token {target.viewer}"}) as sock:
-        after = max(0, json.loads(sock.recv(timeout=30))["seq"] - 900)
+    after = replayed_after(target, 900)
     stalled = [StalledClient(target.port, target.viewer) for _ in range(clients)]
     nudge_every = TIMEOUTS["ping_interval"] / 4
 
@@ -621,12 +669,14 @@ class Report:
 
 def warm_up(target: Target, run_ids: dict, seed: int, sizes: Sizes) -> None:
     """Every path of the attack once, small, and some normal work: what a process loads
-    once (modules, the schema, pools, caches) is loaded before the first figure."""
+    once (modules, the schema, pools, caches, the agent frameworks of the site that runs
+    them) is loaded before the first figure."""
     scratch = Outcome("warm-up")
     schemathesis_phase(target, scratch, 1)
     hostile_bodies_phase(target, scratch, 1, run_ids)
     socket_fuzz_phase(target, scratch, 20, seed)
     crashers_phase(target, scratch, len(CRASHERS))
+    framework_runs(target)
     large_inputs_phase(target, scratch, 2)
     # As many at once as in the attack: the pools of threads and connections grow to it.
     big_lists_phase(target, scratch, sizes.list_parallel, 1)

@@ -653,8 +653,7 @@ class Command(BaseCommand):
                           f"{pace():.0f} at the end (a slower machine spends more on "
                           "everything, whatever the load)")
         if self.web_env:
-            named = " ".join(f"{name}={value}" for name, value in self.web_env.items())
-            self.stdout.write(f"the web processes' environment, on top of the Procfile's: {named}")
+            self.stdout.write(self.web_env_line())
         if not self.autovacuum:
             self.stdout.write("note: autovacuum is off on this PostgreSQL server: the dead rows "
                               "of every run stay in the tables until a VACUUM")
@@ -1117,7 +1116,8 @@ class Command(BaseCommand):
     def hostile_embedded(self, sizes, rounds, seed) -> None:
         """The hostile-input attack against the embedded site (``manage.py serve``: web,
         worker and sweeper in one process, on SQLite), in a temporary directory."""
-        with scratch_folder("awaken-hostile-") as var, EmbeddedSite(var) as site:
+        with (scratch_folder("awaken-hostile-") as var,
+              EmbeddedSite(var, extra_env=self.web_env) as site):
             site.wait_ready()
             viewer = site.manage("operator_token", "hostile-viewer", "--role", "viewer",
                                  "--create").strip()
@@ -1185,10 +1185,16 @@ class Command(BaseCommand):
         database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
         return f"{database}, broker {settings.CELERY_BROKER_URL.split(':', 1)[0]}"
 
+    def web_env_line(self) -> str:
+        named = " ".join(f"{name}={value}" for name, value in self.web_env.items())
+        return f"the web processes' environment, on top of the Procfile's: {named}"
+
     def print_hostile(self, what: str, report) -> None:
         self.stdout.write(f"\nawaken-site under hostile input: {what}; {os.cpu_count()} CPUs, "
                           f"load average (1 min) {self.load:.2f} at the start, "
                           f"{load_average():.2f} at the end\n")
+        if self.web_env:
+            self.stdout.write(self.web_env_line() + "\n")
         for line in hostile.table(report):
             self.stdout.write(line)
 
