@@ -21,8 +21,10 @@ var/secret_key:
 	$(PYTHON) -c "import secrets; print(secrets.token_urlsafe(50))" > $@
 	chmod 600 $@
 
-# The web process's memory settings, as the Procfile's (harness/processes.py, WEB_ENV, says why).
-WEB_MEMORY = PYTHONMALLOC=malloc GLIBC_TUNABLES=glibc.malloc.mmap_threshold=262144:glibc.malloc.trim_threshold=131072
+# The web process's memory settings, as the Procfile's (harness/processes.py, WEB_ENV, says
+# why): jemalloc where it is installed (Debian's libjemalloc2), glibc's malloc tuned otherwise.
+JEMALLOC := $(firstword $(wildcard /usr/lib/*-linux-gnu/libjemalloc.so.2 /usr/lib/libjemalloc.so.2 /usr/local/lib/libjemalloc.so.2))
+WEB_MEMORY = $(if $(JEMALLOC),LD_PRELOAD=libjemalloc.so.2 MALLOC_CONF=background_thread:true) PYTHONMALLOC=malloc GLIBC_TUNABLES=glibc.malloc.mmap_threshold=262144:glibc.malloc.trim_threshold=131072
 
 ## Install, migrate and start the whole system on the embedded defaults.
 run: $(STAMP) var/secret_key

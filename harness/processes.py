@@ -426,16 +426,45 @@ def _decoded(body: bytes):
         return body.decode(errors="replace")
 
 
+def procfile_environment(process: str = "web", root: Path = ROOT) -> dict:
+    """The variables the ``Procfile`` sets before the command of ``process``."""
+    line = next(line for line in (root / "Procfile").read_text().splitlines()
+                if line.startswith(f"{process}:"))
+    variables = {}
+    for word in line.split(":", 1)[1].split():
+        name, equals, value = word.partition("=")
+        if not equals or not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
+            break
+        variables[name] = value
+    return variables
+
+
+def installed_library(name: str) -> bool:
+    """Whether the dynamic loader finds the shared library ``name`` in a directory of the
+    system's (as the Makefile looks for jemalloc)."""
+    return any(Path(folder).glob(name) for folder in (
+        *Path("/usr/lib").glob("*-linux-gnu"), "/usr/lib", "/usr/local/lib"))
+
+
 # What the Procfile's web process (and make run) start with, so that the memory a burst of
-# large requests took goes back to the system (README, Security): Python's objects are
-# allocated by malloc (not kept in Python's own arenas), and glibc's documented tunables fix
-# malloc's thresholds. A block from 256 KiB up (request and response bodies, JSON texts) is
-# mapped on its own and unmapped when freed, where by default the threshold rises after
-# each such block freed, up to 32 MiB; and free memory at the top of an arena over 128 KiB is
-# returned at once.
-WEB_ENV = {"PYTHONMALLOC": "malloc",
-           "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=262144"
-                             ":glibc.malloc.trim_threshold=131072"}
+# large requests took goes back to the system (docs/operations.md, "Hostile input,
+# measured"). jemalloc (``LD_PRELOAD``) returns the pages it has not used for some seconds,
+# in a thread of its own (``background_thread``), wherever they are in its arenas; Python's
+# objects come from it too (``PYTHONMALLOC=malloc``), not from Python's own arenas, which go
+# back only once empty. Without jemalloc installed, glibc's documented tunables fix its
+# thresholds instead: a block from 256 KiB up is mapped on its own and unmapped when freed,
+# and free memory at the top of an arena over 128 KiB is returned at once; what is freed
+# further down stays with the process.
+def web_process_environment() -> dict:
+    """The Procfile's variables of the web process, jemalloc's left out where it is not
+    installed (the loader would name it in an error at every start), as the Makefile does."""
+    variables = procfile_environment()
+    if not installed_library(variables["LD_PRELOAD"]):
+        del variables["LD_PRELOAD"], variables["MALLOC_CONF"]
+    return variables
+
+
+WEB_ENV = web_process_environment()
 
 
 # The daphne options of the Procfile's web line (tests/test_embedded.py holds them equal).

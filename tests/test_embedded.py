@@ -3,7 +3,10 @@ SQLite, the in-memory broker and the in-memory channel layer. Started as a user 
 
 import os
 import stat
+from pathlib import Path
 from urllib.parse import urlsplit
+
+import pytest
 
 from harness.processes import wait_until
 
@@ -100,6 +103,31 @@ def test_the_procfiles_web_sets_daphnes_timeouts_and_leaves_its_access_log_off()
     for option, value in TIMEOUTS.items():  # and so does the embedded server
         flag = "--" + (option if "connect" in option else option.replace("_", "-"))
         assert f" {flag} {value} " in web, option
+
+
+def test_make_run_starts_the_site_with_the_procfiles_memory_settings():
+    """The Makefile's settings are the Procfile's web process's, jemalloc's left out where
+    it is not installed (CI installs it), and so are the harness's."""
+    import subprocess
+
+    from harness.processes import ROOT, WEB_ENV, web_process_environment
+
+    shown = subprocess.run(["make", "-s", "--no-print-directory", "--eval",
+                            "show-memory:\n\t@echo $(WEB_MEMORY)", "show-memory"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert dict(word.split("=", 1) for word in shown) == web_process_environment() == WEB_ENV
+    assert {"PYTHONMALLOC", "GLIBC_TUNABLES"} <= set(WEB_ENV)
+
+
+def test_the_site_runs_on_jemalloc_where_it_is_installed(embedded_site):
+    """The allocator that gives back what a burst took (docs/operations.md, "Hostile input,
+    measured") is the one the process mapped."""
+    from harness.processes import installed_library
+
+    if not installed_library("libjemalloc.so.2"):
+        pytest.skip("libjemalloc2 is not installed here (.ci/run installs it)")
+    maps = Path(f"/proc/{embedded_site.pid}/maps").read_text()
+    assert "libjemalloc.so.2" in maps
 
 
 def test_var_and_the_sqlite_files_are_private(embedded_site):
