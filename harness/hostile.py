@@ -575,11 +575,11 @@ def stalled_sockets_phase(target: Target, outcome: Outcome, clients: int, asks: 
                           until_dropped: bool = True) -> None:
     """``clients`` sockets that ask ``asks`` times for a replay of up to the last 900 events
     (some MiB each; ``replayed_after``) and never read: the server must drop each once its
-    buffer is full. Each ask
-    is from one event further back than the last, so that none is coalesced with the
-    replay before it, and each client keeps talking while it waits (``nudge``), so that
-    only its buffer can close it, not daphne's ping. Without ``until_dropped`` (the
-    warm-up, before there is much to replay) the clients go once they have asked."""
+    buffer is full. Each ask is from one event further back than the last, so that none is
+    coalesced with the replay before it, and each client keeps talking while it waits
+    (``nudge``), so that only its buffer can close it, not daphne's ping. Without
+    ``until_dropped`` (the warm-up, before there is much to replay) the clients go once they
+    have asked."""
     after = replayed_after(target, 900)
     stalled = [StalledClient(target.port, target.viewer) for _ in range(clients)]
     nudge_every = TIMEOUTS["ping_interval"] / 4

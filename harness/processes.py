@@ -446,15 +446,6 @@ def installed_library(name: str) -> bool:
         *Path("/usr/lib").glob("*-linux-gnu"), "/usr/lib", "/usr/local/lib"))
 
 
-# What the Procfile's web process (and make run) start with, so that the memory a burst of
-# large requests took goes back to the system (docs/operations.md, "Hostile input,
-# measured"). jemalloc (``LD_PRELOAD``) returns the pages it has not used for some seconds,
-# in a thread of its own (``background_thread``), wherever they are in its arenas; Python's
-# objects come from it too (``PYTHONMALLOC=malloc``), not from Python's own arenas, which go
-# back only once empty. Without jemalloc installed, glibc's documented tunables fix its
-# thresholds instead: a block from 256 KiB up is mapped on its own and unmapped when freed,
-# and free memory at the top of an arena over 128 KiB is returned at once; what is freed
-# further down stays with the process.
 def web_process_environment() -> dict:
     """The Procfile's variables of the web process, jemalloc's left out where it is not
     installed (the loader would name it in an error at every start), as the Makefile does."""
@@ -464,6 +455,15 @@ def web_process_environment() -> dict:
     return variables
 
 
+# What the Procfile's web process (and make run) start with, so that the memory a burst of
+# large requests took goes back to the system (docs/operations.md, "Hostile input,
+# measured"). jemalloc (``LD_PRELOAD``) returns the pages it has not used for some seconds,
+# in a thread of its own (``background_thread``), wherever they are in its arenas; Python's
+# objects come from it too (``PYTHONMALLOC=malloc``), not from Python's own arenas, which go
+# back only once empty. Without jemalloc installed, glibc's documented tunables fix its
+# thresholds instead: a block from 256 KiB up is mapped on its own and unmapped when freed,
+# and free memory at the top of an arena over 128 KiB is returned at once; what is freed
+# further down stays with the process.
 WEB_ENV = web_process_environment()
 
 
