@@ -96,17 +96,21 @@ def test_a_web_process_killed_after_recording_an_intent_loses_nothing(system, se
         except OSError:
             pass  # the web process may be gone before it answers
         wait_until(lambda: run_of(run["id"]).control is not None, 10, "the intent to commit")
+        recorded = run_of(run["id"]).control
         web.kill()
         # The live signal, if it was sent at all, expires unread (its time to live is the
-        # delivery timeout): only the durable path is left to end the run.
+        # delivery timeout; test_edges drops a command past its deadline): only the durable
+        # intent is left to end the run, found by the worker's lease renewal or the sweeper,
+        # whichever comes first once the worker runs again.
         expired = time.monotonic() + settings.AWAKEN_DELIVERY_TIMEOUT + 0.5
         wait_until(lambda: time.monotonic() > expired, 10, "the live signal to expire")
     finally:
         worker.signal(signal.SIGCONT)
-    assert run_of(run["id"]).control.delivered_at is None
     settle()
     run = run_of(run["id"])
     assert run.state == RunState.ENDED and run.end_cause == "cancelled"
+    assert run.control.pk == recorded.pk and run.control.applied_at is not None
+    assert run.control.requested_by == "faulty"
 
 
 def test_sockets_heal_across_a_redis_restart(system):
