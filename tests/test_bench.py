@@ -27,7 +27,7 @@ from harness.management.commands.bench import (
     dbos_cancels,
     dbos_lifecycle,
     parameters_bench,
-    web_environment,
+    process_environment,
 )
 from harness.processes import Busy, alone_on_the_database
 from harness.writes import LIFECYCLES, writes_bench
@@ -230,27 +230,35 @@ def test_a_second_benchmark_on_the_same_database_is_refused_at_once(settings):
         pass
 
 
+@pytest.mark.parametrize("option", ["--web-env", "--worker-env"])
 @pytest.mark.parametrize("pair", ["PYTHONMALLOC", "=pymalloc", "1X=y", "A B=c"])
-def test_a_web_variable_without_a_name_is_refused_before_anything_runs(pair):
-    with pytest.raises(CommandError, match="NAME=VALUE"):
-        call_command("bench", "push", "--web-env", pair, stdout=StringIO(), stderr=StringIO())
+def test_a_variable_without_a_name_is_refused_before_anything_runs(option, pair):
+    with pytest.raises(CommandError, match=f"{option} takes NAME=VALUE"):
+        call_command("bench", "push", option, pair, stdout=StringIO(), stderr=StringIO())
 
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_the_web_processes_start_with_the_variables_asked_for_and_the_table_names_them():
+def test_the_processes_start_with_the_variables_asked_for_and_the_table_names_them():
     command = Command(stdout=StringIO(), stderr=StringIO())
-    command.web_env = web_environment(["PYTHONMALLOC=malloc", "PYTHONMALLOC=pymalloc",
-                                       "AWAKEN_BENCH_MARK=a=b"])
-    with command.system_of(1, 0) as ([web], _):
+    command.web_env = process_environment(["PYTHONMALLOC=malloc", "PYTHONMALLOC=pymalloc",
+                                           "AWAKEN_BENCH_MARK=a=b"])
+    command.worker_env = process_environment(["AWAKEN_BENCH_WORKER=w"], "--worker-env")
+    with command.system_of(1, 1) as ([web], [worker]):
         environ = Path(f"/proc/{web.pid}/environ").read_bytes().split(b"\0")
+        worker_environ = Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0")
     # The last value of a name wins over the first and over the Procfile's malloc.
     assert b"PYTHONMALLOC=pymalloc" in environ
     assert b"AWAKEN_BENCH_MARK=a=b" in environ
+    assert b"AWAKEN_BENCH_WORKER=w" in worker_environ
+    assert b"AWAKEN_BENCH_WORKER=w" not in environ
+    assert b"AWAKEN_BENCH_MARK=a=b" not in worker_environ
     command.load, command.pace, command.autovacuum = 0.0, 1.0, True
     command.print_table([("", "a row", 1.0, "")])
     assert ("the web processes' environment, on top of the Procfile's: "
             "PYTHONMALLOC=pymalloc AWAKEN_BENCH_MARK=a=b") in command.stdout.getvalue()
+    assert ("the workers' environment, on top of the benchmark's: AWAKEN_BENCH_WORKER=w"
+            in command.stdout.getvalue())
 
 
 @pytest.mark.skipif(ON_POSTGRES, reason="what is refused is another database")

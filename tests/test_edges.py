@@ -3,9 +3,11 @@ lost parents, resume input across a crash, joined requests, the database clock, 
 worker's side of live delivery. Each test failed before its fix."""
 
 import asyncio
+import gc
 import os
 import threading
 import uuid
+import weakref
 from datetime import timedelta
 from functools import partial
 
@@ -831,6 +833,50 @@ def test_a_crash_after_a_step_commits_the_step_then_the_failure():
     assert versions_of(events)[2:] == [("step", 3), ("ended", 4)]
     assert (run.end_cause, run.steps, run.agent_state) == ("failed", 1, {"done": 1})
     assert "crashed after its step" in run.error
+
+
+CONTEXTS = {}  # run id -> a weak reference to the context of test.edges.remembered
+
+
+@register
+class Remembered(Agent):
+    """``steps`` steps of a large state (a model's answer, say), then a sleep of ``sleep``
+    seconds; its context is remembered by a weak reference."""
+
+    name = "test.edges.remembered"
+
+    async def run(self, ctx):
+        CONTEXTS[ctx.run_id] = weakref.ref(ctx)
+        for step in range(ctx.input["steps"]):
+            async with ctx.step():
+                ctx.state[f"answer {step}"] = "x" * 100_000
+        await ctx.sleep(ctx.input.get("sleep", 0))
+        return {"steps": ctx.usage["steps"]}
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("input,budget,ending", [
+    ({"steps": 1}, {}, ("completed", None, 1)),  # the last step goes with the end
+    ({"steps": 2}, {}, ("completed", None, 2)),  # the first is written alone, at a boundary
+    ({"steps": 1, "sleep": 60}, {"max_seconds": 0.5}, ("stopped", "max_seconds", 1)),
+])
+def test_an_ended_attempt_leaves_no_cycle_to_keep_its_context_and_state(input, budget,
+                                                                         ending):
+    """An attempt's context, and with it the agent's state, goes once the attempt ends:
+    no reference cycle of the attempt's holds it, which only a full pass of the cyclic
+    collector would free (rare in a worker with many objects: until then, each ended run
+    would keep its last answer)."""
+    from harness.processes import wait_until
+
+    gc.collect()
+    gc.disable()
+    try:
+        run, _, _ = run_agent(Remembered.name, input=input, **budget)
+        wait_until(lambda: CONTEXTS[str(run.id)]() is None, 10, "the context to go")
+    finally:
+        gc.enable()
+    assert (run.end_cause, run.stop_code, run.steps) == ending
 
 
 @register

@@ -131,7 +131,7 @@ class AttemptHost:
 
     def step_ended(self) -> None:
         """The end's transaction took the pending step (written, or refused with it)."""
-        self.pending_step = None
+        self.pending_step = self._step_ctx = None
 
     def _write_pending(self) -> None:
         """Begin the pending step's write (at a boundary, or once ``STEP_DELAY`` is up). A
@@ -140,8 +140,11 @@ class AttemptHost:
         if self.pending_step is None:
             return
         request, self.pending_step = self.pending_step, None
+        # The context goes with the step, not kept here: it holds this host (a cycle, which
+        # would keep the agent's state, its last answer among it, until a full collection).
+        ctx, self._step_ctx = self._step_ctx, None
         self._step_timer.cancel()
-        self._step_write = asyncio.ensure_future(self._write_step(self._step_ctx, request))
+        self._step_write = asyncio.ensure_future(self._write_step(ctx, request))
         self._step_write.add_done_callback(_retrieved)
 
     async def _write_step(self, ctx: Context, request: dict) -> None:

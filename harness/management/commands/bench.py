@@ -241,14 +241,14 @@ class Client:
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def web_environment(pairs: list[str]) -> dict:
-    """``--web-env``'s ``NAME=VALUE`` pairs as a dict (the last of a name wins); anything
-    without a variable's name before its ``=`` is refused."""
+def process_environment(pairs: list[str], option: str = "--web-env") -> dict:
+    """``option``'s ``NAME=VALUE`` pairs (``--web-env``, ``--worker-env``) as a dict (the
+    last of a name wins); anything without a variable's name before its ``=`` is refused."""
     env = {}
     for pair in pairs:
         name, equals, value = pair.partition("=")
         if not equals or ENV_NAME.fullmatch(name) is None:
-            raise CommandError(f"--web-env takes NAME=VALUE, not {pair!r}.")
+            raise CommandError(f"{option} takes NAME=VALUE, not {pair!r}.")
         env[name] = value
     return env
 
@@ -315,6 +315,9 @@ class Command(BaseCommand):
                             help="a variable of the environment of the web processes the "
                                  "benchmark starts, on top of the Procfile's (say "
                                  "PYTHONMALLOC=pymalloc, to weigh the allocator); repeatable.")
+        parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
+                            help="the same for the worker processes the benchmark starts (not "
+                                 "the baselines'); repeatable.")
         parser.add_argument("--private-redis", action="store_true",
                             help="lifecycle: ours and Celery's on a Redis server of the "
                                  "benchmark's own, its CPU counted with the system's.")
@@ -350,9 +353,11 @@ class Command(BaseCommand):
                                  "metrics, if fewer).")
 
     web_env: dict = {}  # the web processes' variables on top of the Procfile's (--web-env)
+    worker_env: dict = {}  # the workers' on top of this process's (--worker-env)
 
     def handle(self, what, **options):
-        self.web_env = web_environment(options["web_env"])
+        self.web_env = process_environment(options["web_env"])
+        self.worker_env = process_environment(options["worker_env"], "--worker-env")
         # Some parts create demo runs in this process through the domain; the processes the
         # benchmark starts register the demo agents themselves (harness.processes).
         import_module("runs.agents.demo")
@@ -458,7 +463,8 @@ class Command(BaseCommand):
                                         extra_env={**env, **self.web_env}, log_dir=logs))
                       for index in range(webs)]
             started = [processes.add(Worker(f"bench{index}-{queue}", queue=queue, concurrency=8,
-                                            extra_env=env, loglevel="WARNING", log_dir=logs,
+                                            extra_env={**env, **self.worker_env},
+                                            loglevel="WARNING", log_dir=logs,
                                             broker=env.get("CELERY_BROKER_URL")))
                        for index in range(workers)]
             processes.wait_ready(90)
@@ -652,8 +658,8 @@ class Command(BaseCommand):
         self.stdout.write(f"pace: a fixed loop took {self.pace:.0f} ms of CPU at the start, "
                           f"{pace():.0f} at the end (a slower machine spends more on "
                           "everything, whatever the load)")
-        if self.web_env:
-            self.stdout.write(self.web_env_line())
+        for line in self.env_lines():
+            self.stdout.write(line)
         if not self.autovacuum:
             self.stdout.write("note: autovacuum is off on this PostgreSQL server: the dead rows "
                               "of every run stay in the tables until a VACUUM")
@@ -1185,16 +1191,22 @@ class Command(BaseCommand):
         database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
         return f"{database}, broker {settings.CELERY_BROKER_URL.split(':', 1)[0]}"
 
-    def web_env_line(self) -> str:
-        named = " ".join(f"{name}={value}" for name, value in self.web_env.items())
-        return f"the web processes' environment, on top of the Procfile's: {named}"
+    def env_lines(self) -> list[str]:
+        """The variables asked for with ``--web-env`` and ``--worker-env``, one line each."""
+        def named(env):
+            return " ".join(f"{name}={value}" for name, value in env.items())
+        return [line for env, line in (
+            (self.web_env, f"the web processes' environment, on top of the Procfile's: "
+                           f"{named(self.web_env)}"),
+            (self.worker_env, f"the workers' environment, on top of the benchmark's: "
+                              f"{named(self.worker_env)}")) if env]
 
     def print_hostile(self, what: str, report) -> None:
         self.stdout.write(f"\nawaken-site under hostile input: {what}; {os.cpu_count()} CPUs, "
                           f"load average (1 min) {self.load:.2f} at the start, "
                           f"{load_average():.2f} at the end\n")
-        if self.web_env:
-            self.stdout.write(self.web_env_line() + "\n")
+        for line in self.env_lines():
+            self.stdout.write(line + "\n")
         for line in hostile.table(report):
             self.stdout.write(line)
 
