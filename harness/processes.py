@@ -330,7 +330,8 @@ class Worker(Process):
         if include:
             argv += ["-I", ",".join(include)]
         lease = {} if lease_seconds is None else {"AWAKEN_LEASE_SECONDS": str(lease_seconds)}
-        super().__init__(argv, name=name, env=environment({**lease, **(extra_env or {})}),
+        super().__init__(argv, name=name,
+                         env=environment({**WORKER_ENV, **lease, **(extra_env or {})}),
                          log_dir=log_dir)
 
     def ready(self) -> bool:
@@ -465,6 +466,12 @@ def web_process_environment() -> dict:
 # and free memory at the top of an arena over 128 KiB is returned at once; what is freed
 # further down stays with the process.
 WEB_ENV = web_process_environment()
+
+# What the Procfile's worker process starts with: glibc's thresholds fixed as the web's are
+# without jemalloc, so that a large model answer is a block mapped on its own and unmapped
+# when freed, not a piece of an arena that stays with the process ("The seventeenth round"
+# in docs/performance.md). jemalloc gave the workers nothing more.
+WORKER_ENV = procfile_environment("worker")
 
 
 # The daphne options of the Procfile's web line (tests/test_embedded.py holds them equal).

@@ -29,7 +29,7 @@ from harness.management.commands.bench import (
     parameters_bench,
     process_environment,
 )
-from harness.processes import Busy, alone_on_the_database
+from harness.processes import WORKER_ENV, Busy, alone_on_the_database
 from harness.writes import LIFECYCLES, writes_bench
 from runs.domain import sql
 from runs.domain.totals import totals
@@ -251,6 +251,9 @@ def test_the_processes_start_with_the_variables_asked_for_and_the_table_names_th
     assert b"PYTHONMALLOC=pymalloc" in environ
     assert b"AWAKEN_BENCH_MARK=a=b" in environ
     assert b"AWAKEN_BENCH_WORKER=w" in worker_environ
+    # The Procfile's worker variables, as the worker was started (glibc rewrites its own
+    # tunables in the copy /proc shows).
+    assert worker.env["GLIBC_TUNABLES"] == WORKER_ENV["GLIBC_TUNABLES"]
     assert b"AWAKEN_BENCH_WORKER=w" not in environ
     assert b"AWAKEN_BENCH_MARK=a=b" not in worker_environ
     command.load, command.pace, command.autovacuum = 0.0, 1.0, True

@@ -119,6 +119,16 @@ def test_make_run_starts_the_site_with_the_procfiles_memory_settings():
     assert {"PYTHONMALLOC", "GLIBC_TUNABLES"} <= set(WEB_ENV)
 
 
+def test_the_workers_fix_glibcs_thresholds_as_the_web_process_does():
+    """The Procfile's worker process fixes glibc's thresholds as its web process does where
+    jemalloc is not installed (a large model answer mapped alone and unmapped when freed),
+    and the harness starts its workers with them (tests/test_bench.py sees them there)."""
+    from harness.processes import WORKER_ENV, procfile_environment
+
+    web = procfile_environment("web")
+    assert WORKER_ENV == {"GLIBC_TUNABLES": web["GLIBC_TUNABLES"]}
+
+
 def test_the_site_runs_on_jemalloc_where_it_is_installed(embedded_site):
     """The allocator that gives back what a burst took (docs/operations.md, "Hostile input,
     measured") is the one the process mapped."""

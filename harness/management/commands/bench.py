@@ -65,6 +65,7 @@ from runs.models import (
     AttemptState,
     CloseReason,
     ControlIntent,
+    EndCause,
     Event,
     EventKind,
     OnExhausted,
@@ -325,6 +326,11 @@ class Command(BaseCommand):
                             help="list: runs in the database (imported in bulk if fewer).")
         parser.add_argument("--attempts", type=int, default=500,
                             help="memory: live attempts held by one worker process.")
+        parser.add_argument("--answer-runs", type=int, default=96,
+                            help="memory: runs of large model answers by each chat agent, on "
+                                 "one worker process (0: none).")
+        parser.add_argument("--answer-bytes", type=int, default=400_000,
+                            help="memory: the size of each of those answers.")
         parser.add_argument("--transitions", type=int, default=2000,
                             help="sql: transitions measured each way.")
         parser.add_argument("--writes", type=int, default=3000,
@@ -424,7 +430,8 @@ class Command(BaseCommand):
                                                 not options["no_dbos"], options["dbos_poll"],
                                                 options["private_redis"]),
             "list": lambda: self.list_latency(options["list_runs"]),
-            "memory": lambda: self.memory(options["attempts"]),
+            "memory": lambda: (self.memory(options["attempts"])
+                               + self.answers(options["answer_runs"], options["answer_bytes"])),
             "sql": lambda: self.statements(options["transitions"]),
             "metrics": lambda: self.metrics(options["metrics_runs"], options["scrapes"]),
             "spread": lambda: self.spread(options["spread"], options["workers"],
@@ -985,6 +992,52 @@ class Command(BaseCommand):
         per_attempt = (loaded - base) / (attempts - 1)
         return [(f"{attempts} at", "memory per live attempt (KiB)", per_attempt,
                  f"worker RSS {base / 1024:.0f} -> {loaded / 1024:.0f} MiB")]
+
+    ANSWER_WAVE = 24  # runs at once: three times what one worker process runs together
+
+    def answers(self, runs: int, size: int) -> list:
+        """Resident memory of one worker process across ``runs`` runs whose model answers
+        ``size`` bytes each (from the provider stub, served here), ``ANSWER_WAVE`` at a time,
+        after a first wave of 8: our interface's chat agent, then each installed framework's,
+        each on a worker of its own. What an ended run leaves behind shows here: the
+        largest figure after a wave, and the figure once the worker has been idle 5 s."""
+        from runs.domain.catalogue import CATALOGUE
+
+        if runs <= 0:
+            return []
+        agents = ["demo.chat"] + [name for name in (
+            "pydantic_ai.chat", "openai_agents.chat", "langgraph.chat") if name in CATALOGUE]
+        rows = []
+        with StubServer() as server:
+            env = {"AWAKEN_PROVIDER_BASE_URL": server.url,
+                   "AWAKEN_PROVIDER_MODEL": f"echo+bytes={size}"}
+            for agent in agents:
+                with self.system(workers=1, extra_env=env) as (web, [worker]):
+                    client = Client(web.port, self.token)
+
+                    def wave(count, agent=agent, client=client, worker=worker):
+                        ids = [self.create(client, agent, {"prompt": "a large answer"})
+                               for _ in range(count)]
+                        wait_until(lambda: Run.objects.filter(
+                            pk__in=ids, state=RunState.ENDED).count() == count, 300,
+                            f"{count} runs of {agent}")
+                        failed = Run.objects.filter(pk__in=ids).exclude(
+                            end_cause=EndCause.COMPLETED).count()
+                        if failed:
+                            raise CommandError(f"{failed} runs of {agent} did not complete")
+                        return rss_kib(worker.pid)
+
+                    warm = wave(8)
+                    peak = max(wave(min(self.ANSWER_WAVE, runs - done))
+                               for done in range(0, runs, self.ANSWER_WAVE))
+                    time.sleep(5)  # idle: what the allocator gives back, it has given
+                    idle = rss_kib(worker.pid)
+                rows.append((f"{runs} runs", f"worker RSS after {size // 1000} kB answers, "
+                             f"{agent} (MiB)", idle / 1024,
+                             f"after a first 8 {warm / 1024:.0f}; largest after a wave of "
+                             f"{self.ANSWER_WAVE} {peak / 1024:.0f}; idle 5 s "
+                             f"{idle / 1024:.0f}"))
+        return rows
 
     def spread(self, live: int, workers: int, cancels: int, batch: int, ended: int,
                webs: int = 1) -> list:
