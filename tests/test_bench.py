@@ -260,7 +260,7 @@ def test_the_processes_start_with_the_variables_asked_for_and_the_table_names_th
     command.print_table([("", "a row", 1.0, "")])
     assert ("the web processes' environment, on top of the Procfile's: "
             "PYTHONMALLOC=pymalloc AWAKEN_BENCH_MARK=a=b") in command.stdout.getvalue()
-    assert ("the workers' environment, on top of the benchmark's: AWAKEN_BENCH_WORKER=w"
+    assert ("the workers' environment, on top of the Procfile's: AWAKEN_BENCH_WORKER=w"
             in command.stdout.getvalue())
 
 

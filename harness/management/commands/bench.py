@@ -359,7 +359,7 @@ class Command(BaseCommand):
                                  "metrics, if fewer).")
 
     web_env: dict = {}  # the web processes' variables on top of the Procfile's (--web-env)
-    worker_env: dict = {}  # the workers' on top of this process's (--worker-env)
+    worker_env: dict = {}  # the workers' variables on top of the Procfile's (--worker-env)
 
     def handle(self, what, **options):
         self.web_env = process_environment(options["web_env"])
@@ -1251,7 +1251,7 @@ class Command(BaseCommand):
         return [line for env, line in (
             (self.web_env, f"the web processes' environment, on top of the Procfile's: "
                            f"{named(self.web_env)}"),
-            (self.worker_env, f"the workers' environment, on top of the benchmark's: "
+            (self.worker_env, f"the workers' environment, on top of the Procfile's: "
                               f"{named(self.worker_env)}")) if env]
 
     def print_hostile(self, what: str, report) -> None:
