@@ -102,6 +102,10 @@ def wrap(graph, *, name: str, input=None, output=None, description: str = "",
 
 
 class LangGraphAgent(FrameworkAgent):
+    # The graph's, and those LangChain's callbacks import at a graph's first run.
+    modules = ("langgraph.graph", "langgraph.types", "langgraph.checkpoint.base",
+               "langchain_core.tracers.context", "langchain_core.tracers.run_collector",
+               "langchain_core.tracers.stdout")
     @property
     def graph(self):  # the StateGraph
         return self.framework_object()

@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 
 from runs.agents import BudgetExceeded, Context, Interrupted, demo_agents_enabled
 from runs.agents.wrapping import FrameworkAgent, wrapped
+from runs.providers.client import ChatClient
 
 STATE_KEY = "openai_agents"
 FRAMEWORK = {"framework": "openai-agents"}  # what its activity entries say of the framework
@@ -57,6 +58,7 @@ def wrap(agent, *, name: str, prompt=None, output=None, description: str = "",
 
 
 class OpenAIAgentsAgent(FrameworkAgent):
+    modules = ("agents", "agents.models.openai_chatcompletions", *ChatClient.OPENAI_SDK)
     max_turns = 20
 
     @property

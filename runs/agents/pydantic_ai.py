@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from runs.agents import Context, Interrupted, demo_agents_enabled
 from runs.agents.wrapping import FrameworkAgent, wrapped
 from runs.domain.actions import action_digest
+from runs.providers.client import ChatClient
 
 STATE_KEY = "pydantic_ai"
 FRAMEWORK = {"framework": "pydantic-ai"}  # what its activity entries say of the framework
@@ -57,6 +58,8 @@ def wrap(agent, *, name: str, prompt=None, output=None, description: str = "",
 
 
 class PydanticAIAgent(FrameworkAgent):
+    modules = ("pydantic_ai", "pydantic_ai.models.openai", "pydantic_ai.providers.openai",
+               *ChatClient.OPENAI_SDK)
     @property
     def agent(self):  # the pydantic_ai.Agent
         return self.framework_object()

@@ -1,12 +1,28 @@
 """What the framework adapters share: a framework's agent or graph registered under an
 awaken name, made once, when first needed, if it was given as a function that makes it."""
 
+from importlib import import_module
+
 from runs.agents import Agent, register
 
 
 class FrameworkAgent(Agent):
     made = None  # the framework's agent or graph, once made
     make = None  # or the function that makes it
+    # What the adapter's runs import: modules, or "module:name" for a name the module
+    # loads when first asked for it.
+    modules: tuple[str, ...] = ()
+
+    @classmethod
+    def prepare(cls) -> None:
+        """The framework's modules, imported, and its agent or graph, made: off the
+        worker's loop (``Agent.prepare``), as either takes up to a second or more."""
+        for entry in cls.modules:
+            module, _, name = entry.partition(":")
+            loaded = import_module(module)
+            if name:
+                getattr(loaded, name)
+        cls.framework_object()
 
     @classmethod
     def framework_object(cls):

@@ -65,6 +65,16 @@ def call_cost(model: str, prompt_tokens: int, completion_tokens: int) -> float |
     return float(price.total_price)
 
 
+def prepare() -> None:
+    """Load the price table (a worker does it off its loop, before its first attempt):
+    importing it and its first lookup take a sixth of a second."""
+    from genai_prices import Usage, calc_price
+    try:
+        calc_price(Usage(input_tokens=0, output_tokens=0), model_ref="")
+    except LookupError:
+        pass
+
+
 def replies_cost(replies: list[dict]) -> tuple[float, list[str]]:
     """The cost of a step's model calls (the ``replies`` its event records, each with its
     ``model`` and ``usage``), and the models among them that have no price."""

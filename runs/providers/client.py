@@ -176,6 +176,13 @@ class ChatClient:
                                            limits=self._limits, transport=transport)
         return self._http
 
+    # What openai_client and its first chat completion import (the SDK loads its resources
+    # when first named): a framework adapter imports them ahead of its first run
+    # (runs.agents.wrapping.FrameworkAgent.prepare).
+    OPENAI_SDK = ("httpx2", "httpcore2", "openai", "openai.lib.streaming.chat",
+                  "openai.resources.chat.completions:AsyncCompletions",
+                  "openai.resources.chat.completions:AsyncMessages")
+
     def openai_client(self):
         """The OpenAI SDK's ``AsyncOpenAI`` on the configured provider, for the agent
         frameworks (``runs.agents.*``): its HTTP goes through a metered transport (httpx2,

@@ -11,10 +11,16 @@ task reading it is cancelled: that is the moment the receipt reports.
 """
 
 import asyncio
+import ssl
 import time
 from array import array
 from collections import deque
 from contextvars import ContextVar
+from functools import cache
+from importlib import import_module
+
+import anyio
+import httpx
 
 CURRENT: ContextVar["Meter | None"] = ContextVar("awaken_meter", default=None)
 
@@ -71,14 +77,32 @@ class Meter:
 _TRANSPORTS: dict = {}
 
 
+@cache
+def tls_context() -> ssl.SSLContext:
+    """The TLS context of every provider connection of the process, httpx's default (the
+    roots of SSL_CERT_FILE or SSL_CERT_DIR, else certifi's), made once: making one reads
+    the roots, 20-35 ms of CPU here, which each client made on the worker's loop paid."""
+    return httpx.create_ssl_context()
+
+
+def prepare() -> None:
+    """Make, off the worker's loop, what the first provider call of a process would
+    otherwise make on it, 40-60 ms of CPU here: the TLS context, and the modules httpx
+    loads at its first connection (httpcore, and anyio's asyncio backend, which running
+    anyio once loads)."""
+    tls_context()
+    import_module("httpcore")
+    anyio.run(asyncio.sleep, 0)
+
+
 def metered_transport(http, **options):
     """A transport of the httpx-like module ``http`` (httpx or httpx2: the same interface)
-    whose requests are recorded on the current attempt's meter; ``options`` go to the
-    module's ``AsyncHTTPTransport`` (``limits``...)."""
+    whose requests are recorded on the current attempt's meter, over ``tls_context()``;
+    ``options`` go to the module's ``AsyncHTTPTransport`` (``limits``...)."""
     kind = _TRANSPORTS.get(http)
     if kind is None:
         kind = _TRANSPORTS[http] = _transport_class(http)
-    return kind(http.AsyncHTTPTransport(**options))
+    return kind(http.AsyncHTTPTransport(verify=tls_context(), **options))
 
 
 def _transport_class(http):

@@ -83,6 +83,15 @@ class Agent:
     async def run(self, ctx: "Context") -> Any:  # pragma: no cover - interface
         raise NotImplementedError
 
+    @classmethod
+    def prepare(cls) -> None:
+        """Called once in each worker process before the agent's first attempt there, on a
+        thread of its own: not on the worker's loop, which every attempt of the process
+        shares. Import and make here what is slow and synchronous (a framework, a model's
+        client, a compiled graph), so that no other attempt waits on it. The agent's
+        attempts wait for it, and a cancel ends them meanwhile; if it raises, the attempt
+        fails with its error, and the next attempt calls it again."""
+
 
 class Context:
     """One attempt's view of its run. Created by the executor; agents only use it.

@@ -23,18 +23,19 @@ import os
 import socket
 import threading
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from django.conf import settings
 
 from runs import domain, telemetry
-from runs.domain import activity, selectors
+from runs.domain import activity, prices, selectors
 from runs.domain.catalogue import CATALOGUE
 from runs.domain.core import Ending
 from runs.domain.errors import Fenced
 from runs.providers import metering
 from runs.providers.client import ChatClient, ProviderConfig, ProviderError
-from runs.runtime.agent import BudgetExceeded, Context, Interrupted, Paused
+from runs.runtime.agent import Agent, BudgetExceeded, Context, Interrupted, Paused
 from runs.runtime.attempt_host import AttemptHost
 from runs.runtime.children import Children
 from runs.runtime.leases import LeaseRenewer
@@ -46,6 +47,8 @@ from runs.runtime.tool_threads import TOOL_THREADS, ToolsExhausted, ToolThreads
 __all__ = ["Executor", "ToolsExhausted", "current_executor", "get_executor"]
 
 log = logging.getLogger(__name__)
+
+PREPARING_THREADS = 4  # agents prepared at once, at most (threads made as needed)
 
 
 class Executor:
@@ -69,11 +72,22 @@ class Executor:
                                    abandoned_tools=lambda: self.tool_threads.abandoned,
                                    capacity=self.capacity)
         self._provider: ChatClient | None = None
+        # Each agent's preparation in this process (Agent.prepare), by its class, on threads
+        # of their own: one agent's slow preparation does not hold up another's.
+        self._preparing = ThreadPoolExecutor(PREPARING_THREADS,
+                                             thread_name_prefix="awaken-prepare")
+        self._prepared: dict[type[Agent], asyncio.Future] = {}
+        # The process's own slow parts, begun now: what the provider's connections need
+        # (metering.prepare), which an attempt waits for as for its agent's preparation,
+        # and the price table (prices.prepare), needed only once a model call has answered.
+        self._connections_prepared = self._preparing.submit(_prepared, metering.prepare)
+        self._preparing.submit(_prepared, prices.prepare)
         self.worker_loop.submit(self.leases.renew_forever())
 
     def close(self) -> None:
         """Stop the loop and close its database connections (for a test; a worker exits)."""
         self.worker_loop.close()
+        self._preparing.shutdown(wait=False)
 
     @property
     def provider(self) -> ChatClient:
@@ -156,8 +170,10 @@ class Executor:
                 timer = self.loop.call_later(left, token.cancel, Why(
                     "budget", code="max_seconds",
                     detail=f"Time budget of {view.max_seconds:g} s reached."))
+            agent = CATALOGUE[view.agent]
+            await self._prepared_for(agent, ctx)
             ctx.check()  # a cancel that arrived before any work started
-            output = await CATALOGUE[view.agent]().run(ctx)
+            output = await agent().run(ctx)
             ctx.check()  # a cancel applied while the agent returned wins over its result
             # The agent's last step, if it is not written yet, and what it did since its
             # last transition are written with the end.
@@ -222,6 +238,26 @@ class Executor:
             self.children.forget(parent_id=run_id, parent_generation=generation)
             self.registry.unregister(run_id, generation)
             entry.trace.end(outcome, error_text)
+
+    async def _prepared_for(self, agent: type[Agent], ctx: Context) -> None:
+        """Wait, racing the attempt's token, for ``agent``'s preparation in this process,
+        begun on its own thread at the agent's first attempt here (again after one that
+        failed); its error, if it failed."""
+        preparing = self._prepared.get(agent)
+        if preparing is None or (preparing.done() and (preparing.cancelled()
+                                                       or preparing.exception() is not None)):
+            preparing = self._prepared[agent] = self.loop.run_in_executor(
+                self._preparing, self._prepare, agent)
+        if not preparing.done():
+            # Shielded: a cancel of this attempt does not cancel the others' wait.
+            await ctx.race(asyncio.shield(preparing))
+        preparing.result()
+
+    def _prepare(self, agent: type[Agent]) -> None:
+        """On a preparing thread: the agent's own slow parts (``Agent.prepare``), then
+        what the provider's connections need, once it is made."""
+        agent.prepare()
+        self._connections_prepared.result()
 
     async def _step_alone(self, host: AttemptHost) -> bool:
         """Write the attempt's pending step before an end that does not take it (a stop,
@@ -292,6 +328,15 @@ class Executor:
                                       activity=noted)
         except Exception:
             log.exception("run %s: could not record its failure", run_id)
+
+
+def _prepared(prepare) -> None:
+    """``prepare()``, one of the process's own preparations, on a preparing thread. A
+    failure is logged: the first call that needs the part makes it then, on the loop."""
+    try:
+        prepare()
+    except Exception:
+        log.exception("could not prepare %s.%s", prepare.__module__, prepare.__name__)
 
 
 def _provider_failure(error: BaseException) -> ProviderError | None:

@@ -10,11 +10,17 @@ cancelled, nothing more is pushed, and whatever waits is dropped.
 """
 
 import asyncio
+import codecs
 import json
 
 # The text of one push at most, in characters: encoded as JSON (6 bytes for a character at
 # worst), well under the 1 MiB of a websocket message. More text goes in several pushes.
 PUSH_CHARS = 32 * 1024
+
+
+# Looked up here, at import, so that a worker's first count does not load the codec on its
+# loop.
+codecs.lookup("utf-16-le")
 
 
 def utf16_length(text: str) -> int:

@@ -11,13 +11,14 @@ would contradict the NotActive its sender has answered meanwhile, so it is dropp
 import logging
 import time
 
-from celery.signals import worker_init
+from celery.concurrency import get_implementation
+from celery.signals import worker_init, worker_ready
 from celery.worker.control import control_command
 from django.conf import settings
 from django.db import close_old_connections
 
 from runs.domain import selectors
-from runs.runtime.executor import current_executor
+from runs.runtime.executor import current_executor, get_executor
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,16 @@ def refuse_a_pool_too_small(sender, **kwargs):
     if short:
         log.critical(short)
         raise SystemExit(short)  # a handler's Exception would be logged and passed over
+
+
+@worker_ready.connect
+def start_the_executor(sender, **kwargs):
+    """A worker of a threads pool, as the Procfile's, starts its executor when it is ready
+    rather than at its first run: what is slow to make the first time in the process is
+    made before work arrives (``runs.runtime.executor``), and the workers page shows the
+    process from its start. (A prefork pool's tasks would run in its children.)"""
+    if isinstance(sender.pool, get_implementation("threads")):
+        get_executor(node=node_name)
 
 
 def pool_shortfall(*, pool, concurrency: int, db_threads: int) -> str | None:

@@ -257,7 +257,8 @@ def process_environment(pairs: list[str], option: str = "--web-env") -> dict:
 class Command(BaseCommand):
     help = ("Benchmarks: live cancel latency (with Celery's revoke as a baseline), cancel of a "
             "streaming model call as the provider sees it, socket push latency, lifecycle "
-            "throughput, run-list latency at 100k runs and memory per live attempt. With no "
+            "throughput, run-list latency at 100k runs, memory per live attempt and what a "
+            "worker's first run of each chat agent costs its other runs. With no "
             "argument, all of them in one table. On demand only: 'hostile', the hostile-input "
             "suite against a real daphne, with its memory and CPU before, during and after; "
             "'spread', 10,000 live attempts on 4 worker processes: cancels among them, their "
@@ -268,7 +269,7 @@ class Command(BaseCommand):
         parser.add_argument("what", nargs="?", default="all",
                             choices=["all", "cancel", "provider", "push", "lifecycle", "list",
                                      "memory", "sql", "metrics", "leases", "spread",
-                                     "hostile", "flood", "watch", "writes"])
+                                     "hostile", "flood", "watch", "writes", "first"])
         parser.add_argument("--watchers", type=int, default=3,
                             help="watch: browser pages on the busy run's page.")
         parser.add_argument("--watch-kind", default="steps,parent",
@@ -331,6 +332,8 @@ class Command(BaseCommand):
                                  "one worker process (0: none).")
         parser.add_argument("--answer-bytes", type=int, default=400_000,
                             help="memory: the size of each of those answers.")
+        parser.add_argument("--first-rounds", type=int, default=3,
+                            help="first: fresh workers started for each chat agent.")
         parser.add_argument("--transitions", type=int, default=2000,
                             help="sql: transitions measured each way.")
         parser.add_argument("--writes", type=int, default=3000,
@@ -433,6 +436,7 @@ class Command(BaseCommand):
             "memory": lambda: (self.memory(options["attempts"])
                                + self.answers(options["answer_runs"], options["answer_bytes"])),
             "sql": lambda: self.statements(options["transitions"]),
+            "first": lambda: self.first_runs(options["first_rounds"]),
             "metrics": lambda: self.metrics(options["metrics_runs"], options["scrapes"]),
             "spread": lambda: self.spread(options["spread"], options["workers"],
                                           options["cancels"], options["batch"],
@@ -739,6 +743,62 @@ class Command(BaseCommand):
             ended_at = Run.objects.values_list("ended_at", flat=True).get(pk=run_id)
             committed.append((ended_at.timestamp() - sent_wall) * 1000)
         return closed, committed
+
+    def first_runs(self, rounds: int) -> list:
+        """A worker's first run of each chat agent, on a fresh worker process each round:
+        from its create to its first model call (a framework's agent imports its framework
+        at its first run); a cancel of another live run of the same worker, sent as soon as
+        the first run is seen running, to its committed end; and the same once the first
+        run is in its model call, the worker warm."""
+        from runs.domain.catalogue import CATALOGUE
+
+        agents = ["demo.chat"] + [name for name in (
+            "pydantic_ai.chat", "openai_agents.chat", "langgraph.chat") if name in CATALOGUE]
+        rows = []
+        with StubServer() as server:
+            stub = server.stub
+            env = {"AWAKEN_PROVIDER_BASE_URL": server.url, "AWAKEN_PROVIDER_MODEL": "echo+hang"}
+            for agent in agents:
+                called, committed, warm = [], [], []
+                for _ in range(rounds):
+                    with self.system(extra_env=env) as (web, _):
+                        client = Client(web.port, self.token)
+                        other = self.live_run(client)
+                        last = max((call.number for call in stub.calls), default=0)
+                        created = time.monotonic()
+                        first = self.create(client, agent, {"prompt": "stream, then hang"})
+                        wait_until(lambda first=first: Run.objects.filter(
+                            pk=first, state=RunState.RUNNING).exists(), 30,
+                            f"the first run of {agent}", every=0.002)
+                        committed.append(self.cancel_committed(client, other))
+                        call = stub.wait(lambda calls, last=last: next(
+                            (c for c in calls if c.number > last and c.holding), None), 60,
+                            f"the first model call of {agent}")
+                        called.append((call.started - created) * 1000)
+                        warm.append(self.cancel_committed(client, self.live_run(client)))
+                rows += [("first run", f"{agent}: create -> its first model call", called,
+                          "a fresh worker"),
+                         ("first run", f"cancel of another live run -> committed, as "
+                          f"{agent}'s first run starts", committed, ""),
+                         ("first run", "the same once that run is in its model call",
+                          warm, "")]
+        return rows
+
+    def live_run(self, client) -> str:
+        run_id = self.create(client, "demo.hang")
+        wait_until(lambda: Run.objects.filter(pk=run_id, state=RunState.RUNNING).exists(),
+                   30, "a live run")
+        return run_id
+
+    def cancel_committed(self, client, run_id: str) -> float:
+        """Cancel the live run ``run_id`` without waiting for its end; ms from the request
+        to its end's commit."""
+        sent_wall = time.time()
+        client.call("POST", f"/api/runs/{run_id}/cancel/?wait=0", {})
+        wait_until(lambda: Run.objects.filter(pk=run_id, state=RunState.ENDED).exists(), 30,
+                   "the cancelled run to end", every=0.002)
+        ended_at = Run.objects.values_list("ended_at", flat=True).get(pk=run_id)
+        return (ended_at.timestamp() - sent_wall) * 1000
 
     # --- socket push ------------------------------------------------------------------------
 

@@ -1,0 +1,62 @@
+"""Run as a program by ``tests/test_preparation.py``: one agent's first two runs on a fresh
+executor, in a fresh process, on an SQLite database of its own and the provider stub.
+Prints, as JSON, the modules imported on the worker's loop during each run (an import
+there holds up every attempt of the process) and how each run ended.
+
+    python -m tests.first_run_imports DATABASE_FILE AGENT
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+
+os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+os.environ["DATABASE_URL"] = f"sqlite:///{sys.argv[1]}"
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+
+from runs import domain  # noqa: E402
+from runs.models import Run, RunState  # noqa: E402
+from runs.providers.stub import StubServer  # noqa: E402
+from runs.runtime.executor import Executor  # noqa: E402
+
+LOOP_THREAD = "awaken-executor"  # runs.runtime.loop.WorkerLoop's
+
+
+def main(agent: str) -> dict:
+    call_command("migrate", verbosity=0)
+    imported: list[str] = []
+
+    def on_event(event, args):
+        if event == "import" and threading.current_thread().name == LOOP_THREAD:
+            imported.append(args[0])
+
+    sys.addaudithook(on_event)  # for the rest of this process, which is this program's
+    runs = []
+    with StubServer() as server:
+        settings.AWAKEN_PROVIDER_BASE_URL = server.url
+        settings.AWAKEN_PROVIDER_MODEL = "echo"
+        executor = Executor(node="first-run", lease_seconds=3600, db_threads=1)
+        for _ in range(2):
+            imported.clear()
+            run, _ = domain.run_create(agent=agent, input={"prompt": "hello"}, dispatch=False)
+            executor.start([run.id])
+            deadline = time.monotonic() + 60
+            while (run := Run.objects.get(pk=run.id)).state != RunState.ENDED:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the run of {agent} did not end in 60 s")
+                time.sleep(0.01)
+            runs.append({"end_cause": run.end_cause, "error": run.error,
+                         "imported_on_the_loop": list(dict.fromkeys(imported))})
+    return {"agent": agent, "runs": runs}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[2])))
