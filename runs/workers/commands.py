@@ -12,7 +12,7 @@ import logging
 import time
 
 from celery.concurrency import get_implementation
-from celery.signals import worker_init, worker_ready
+from celery.signals import worker_init
 from celery.worker.control import control_command
 from django.conf import settings
 from django.db import close_old_connections
@@ -50,13 +50,13 @@ def refuse_a_pool_too_small(sender, **kwargs):
         raise SystemExit(short)  # a handler's Exception would be logged and passed over
 
 
-@worker_ready.connect
+@worker_init.connect
 def start_the_executor(sender, **kwargs):
-    """A worker of a threads pool, as the Procfile's, starts its executor when it is ready
-    rather than at its first run: what is slow to make the first time in the process is
-    made before work arrives (``runs.runtime.executor``), and the workers page shows the
-    process from its start. (A prefork pool's tasks would run in its children.)"""
-    if isinstance(sender.pool, get_implementation("threads")):
+    """A worker of a threads pool (the Procfile's, the embedded site's) starts its executor
+    with itself rather than at its first run: what is slow to make the first time in the
+    process is made before work arrives (``runs.runtime.executor``), and the workers page
+    shows the process from its start. (A prefork pool's tasks would run in its children.)"""
+    if get_implementation(sender.pool_cls) is get_implementation("threads"):
         get_executor(node=node_name)
 
 
