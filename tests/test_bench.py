@@ -19,6 +19,7 @@ from django.db import connection
 from harness import dbos_baseline
 from harness.dbos_baseline import DbosSystem
 from harness.management.commands.bench import (
+    GC_PROBE,
     Command,
     CpuMeter,
     Failed,
@@ -298,3 +299,19 @@ def test_the_writes_part_times_each_copy_of_the_runs_table_and_leaves_nothing_be
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass('pg_temp.awaken_writes_whole')")
         assert cursor.fetchone() == (None,)
+
+
+def test_the_collector_probe_records_each_full_pass_of_a_process_that_loads_it(tmp_path):
+    """bench gc's probe: a process started with its folder on PYTHONPATH writes a line per
+    full pass (when, ms, collected, tracked after), to a file of its own process id."""
+    probe = tmp_path / "passes"
+    program = subprocess.run(  # its file as it is before the process exits (and collects)
+        [sys.executable, "-c", "import gc, os; gc.collect(); gc.collect(1); "
+         "print(open(f'{os.environ[\"AWAKEN_GC_PROBE\"]}.{os.getpid()}').read())"],
+        env={"PYTHONPATH": str(GC_PROBE), "AWAKEN_GC_PROBE": str(probe), "PATH": "/usr/bin"},
+        capture_output=True, text=True, timeout=30, check=True)
+    lines = program.stdout.strip().splitlines()
+    assert len(lines) == 1  # the full pass, not the younger one
+    at, spent, collected, tracked = lines[0].split()
+    assert abs(float(at) - time.time()) < 60 and float(spent) >= 0
+    assert int(collected) >= 0 and int(tracked) > 0

@@ -254,6 +254,10 @@ def process_environment(pairs: list[str], option: str = "--web-env") -> dict:
     return env
 
 
+# The folder whose sitecustomize times a process's full collector passes (bench gc).
+GC_PROBE = Path(__file__).resolve().parents[2] / "gcprobe"
+
+
 class Command(BaseCommand):
     help = ("Benchmarks: live cancel latency (with Celery's revoke as a baseline), cancel of a "
             "streaming model call as the provider sees it, socket push latency, lifecycle "
@@ -269,7 +273,8 @@ class Command(BaseCommand):
         parser.add_argument("what", nargs="?", default="all",
                             choices=["all", "cancel", "provider", "push", "lifecycle", "list",
                                      "memory", "sql", "metrics", "leases", "spread",
-                                     "hostile", "flood", "watch", "writes", "first"])
+                                     "hostile", "flood", "watch", "writes", "first",
+                                     "gc"])
         parser.add_argument("--watchers", type=int, default=3,
                             help="watch: browser pages on the busy run's page.")
         parser.add_argument("--watch-kind", default="steps,parent",
@@ -437,6 +442,7 @@ class Command(BaseCommand):
                                + self.answers(options["answer_runs"], options["answer_bytes"])),
             "sql": lambda: self.statements(options["transitions"]),
             "first": lambda: self.first_runs(options["first_rounds"]),
+            "gc": lambda: self.collector(options["answer_runs"], options["answer_bytes"]),
             "metrics": lambda: self.metrics(options["metrics_runs"], options["scrapes"]),
             "spread": lambda: self.spread(options["spread"], options["workers"],
                                           options["cancels"], options["batch"],
@@ -450,7 +456,8 @@ class Command(BaseCommand):
             return
         rows = []
         try:
-            for name in ([p for p in parts if p != "spread"] if what == "all" else [what]):
+            for name in ([p for p in parts if p not in ("spread", "gc")] if what == "all"
+                         else [what]):
                 rows += with_load(parts[name])
         except (TimeoutError, ProcessFailed) as error:
             raise CommandError(str(error)) from error
@@ -705,12 +712,8 @@ class Command(BaseCommand):
         process, so the cancel request and the stub's clock are the same clock. Our own
         interface (``demo.chat``), then each installed framework's shipped chat agent, each
         streaming, held after its first chunk."""
-        from runs.domain.catalogue import CATALOGUE
-
-        agents = [("demo.chat", "our interface", {})] + [
-            (name, name.split(".")[0], {})
-            for name in ("pydantic_ai.chat", "openai_agents.chat", "langgraph.chat")
-            if name in CATALOGUE]
+        agents = [(name, "our interface" if name == "demo.chat" else name.split(".")[0], {})
+                  for name in self.chat_agents()]
         rows = []
         with StubServer() as server:
             stub = server.stub
@@ -750,15 +753,11 @@ class Command(BaseCommand):
         at its first run); a cancel of another live run of the same worker, sent as soon as
         the first run is seen running, to its committed end; and the same once the first
         run is in its model call, the worker warm."""
-        from runs.domain.catalogue import CATALOGUE
-
-        agents = ["demo.chat"] + [name for name in (
-            "pydantic_ai.chat", "openai_agents.chat", "langgraph.chat") if name in CATALOGUE]
         rows = []
         with StubServer() as server:
             stub = server.stub
             env = {"AWAKEN_PROVIDER_BASE_URL": server.url, "AWAKEN_PROVIDER_MODEL": "echo+hang"}
-            for agent in agents:
+            for agent in self.chat_agents():
                 called, committed, warm = [], [], []
                 for _ in range(rounds):
                     with self.system(extra_env=env) as (web, _):
@@ -1055,23 +1054,23 @@ class Command(BaseCommand):
 
     ANSWER_WAVE = 24  # runs at once: three times what one worker process runs together
 
-    def answers(self, runs: int, size: int) -> list:
-        """Resident memory of one worker process across ``runs`` runs whose model answers
-        ``size`` bytes each (from the provider stub, served here), ``ANSWER_WAVE`` at a time,
-        after a first wave of 8: our interface's chat agent, then each installed framework's,
-        each on a worker of its own. What an ended run leaves behind shows here: the
-        largest figure after a wave, and the figure once the worker has been idle 5 s."""
+    def chat_agents(self) -> list[str]:
+        """Our interface's chat agent, then each installed framework's."""
         from runs.domain.catalogue import CATALOGUE
 
-        if runs <= 0:
-            return []
-        agents = ["demo.chat"] + [name for name in (
+        return ["demo.chat"] + [name for name in (
             "pydantic_ai.chat", "openai_agents.chat", "langgraph.chat") if name in CATALOGUE]
-        rows = []
+
+    def answer_waves(self, runs: int, size: int, extra_env: dict | None = None):
+        """For each chat agent, on a worker of its own whose model answers ``size`` bytes
+        (the provider stub, served here): a first wave of 8 runs, then ``runs`` runs
+        ``ANSWER_WAVE`` at a time. Yields the agent, its worker, the worker's resident
+        memory after each wave, the first included, and when the first wave began (seconds
+        since the epoch), while the system still runs."""
         with StubServer() as server:
             env = {"AWAKEN_PROVIDER_BASE_URL": server.url,
-                   "AWAKEN_PROVIDER_MODEL": f"echo+bytes={size}"}
-            for agent in agents:
+                   "AWAKEN_PROVIDER_MODEL": f"echo+bytes={size}", **(extra_env or {})}
+            for agent in self.chat_agents():
                 with self.system(workers=1, extra_env=env) as (web, [worker]):
                     client = Client(web.port, self.token)
 
@@ -1087,16 +1086,51 @@ class Command(BaseCommand):
                             raise CommandError(f"{failed} runs of {agent} did not complete")
                         return rss_kib(worker.pid)
 
-                    warm = wave(8)
-                    peak = max(wave(min(self.ANSWER_WAVE, runs - done))
-                               for done in range(0, runs, self.ANSWER_WAVE))
-                    time.sleep(5)  # idle: what the allocator gives back, it has given
-                    idle = rss_kib(worker.pid)
-                rows.append((f"{runs} runs", f"worker RSS after {size // 1000} kB answers, "
-                             f"{agent} (MiB)", idle / 1024,
-                             f"after a first 8 {warm / 1024:.0f}; largest after a wave of "
-                             f"{self.ANSWER_WAVE} {peak / 1024:.0f}; idle 5 s "
-                             f"{idle / 1024:.0f}"))
+                    began = time.time()
+                    yield agent, worker, [wave(8)] + [
+                        wave(min(self.ANSWER_WAVE, runs - done))
+                        for done in range(0, runs, self.ANSWER_WAVE)], began
+
+    def answers(self, runs: int, size: int) -> list:
+        """Resident memory of one worker process across ``runs`` runs whose model answers
+        ``size`` bytes each (``answer_waves``): our interface's chat agent, then each
+        installed framework's. What an ended run leaves behind shows here: the largest
+        figure after a wave, and the figure once the worker has been idle 5 s."""
+        if runs <= 0:
+            return []
+        rows = []
+        for agent, worker, [warm, *waves], _ in self.answer_waves(runs, size):
+            time.sleep(5)  # idle: what the allocator gives back, it has given
+            idle = rss_kib(worker.pid)
+            rows.append((f"{runs} runs", f"worker RSS after {size // 1000} kB answers, "
+                         f"{agent} (MiB)", idle / 1024,
+                         f"after a first 8 {warm / 1024:.0f}; largest after a wave of "
+                         f"{self.ANSWER_WAVE} {max(waves) / 1024:.0f}; idle 5 s "
+                         f"{idle / 1024:.0f}"))
+        return rows
+
+    def collector(self, runs: int, size: int) -> list:
+        """The full passes of the cyclic collector in one worker process across ``runs``
+        runs of large answers (``answer_waves``), by each chat agent: each pass's wall
+        time, which every attempt of the process waits on, as the worker's
+        ``harness/gcprobe`` records them."""
+        rows = []
+        with scratch_folder("awaken-gc-") as folder:
+            probe = Path(folder) / "passes"
+            env = {"PYTHONPATH": os.pathsep.join(filter(None, (
+                       str(GC_PROBE), os.environ.get("PYTHONPATH")))),
+                   "AWAKEN_GC_PROBE": str(probe)}
+            for agent, worker, _, began in self.answer_waves(runs, size, env):
+                written = Path(f"{probe}.{worker.pid}")  # none if no full pass came
+                passes = [line.split() for line in (
+                    written.read_text().splitlines() if written.exists() else [])]
+                during = [(float(spent), tracked) for at, spent, _, tracked in passes
+                          if float(at) > began]  # not those of the worker's start
+                rows.append((f"{runs} runs", f"full collector passes of the worker, {agent}",
+                             [spent for spent, _ in during] or 0.0,
+                             f"{len(during)} passes during the runs, ms each, "
+                             f"{len(passes) - len(during)} before; objects tracked after "
+                             f"the last {during[-1][1] if during else '-'}"))
         return rows
 
     def spread(self, live: int, workers: int, cancels: int, batch: int, ended: int,
