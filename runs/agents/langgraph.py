@@ -106,6 +106,7 @@ class LangGraphAgent(FrameworkAgent):
     modules = ("langgraph.graph", "langgraph.types", "langgraph.checkpoint.base",
                "langchain_core.tracers.context", "langchain_core.tracers.run_collector",
                "langchain_core.tracers.stdout")
+
     @property
     def graph(self):  # the StateGraph
         return self.framework_object()

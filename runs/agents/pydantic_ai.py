@@ -60,6 +60,7 @@ def wrap(agent, *, name: str, prompt=None, output=None, description: str = "",
 class PydanticAIAgent(FrameworkAgent):
     modules = ("pydantic_ai", "pydantic_ai.models.openai", "pydantic_ai.providers.openai",
                *ChatClient.OPENAI_SDK)
+
     @property
     def agent(self):  # the pydantic_ai.Agent
         return self.framework_object()
