@@ -139,6 +139,13 @@ class Cancels:
                    "ms, all threads, request to response") for name, spent in self.cpu.items())]
 
 
+def committed_ms(run_id, sent_wall: float) -> float | None:
+    """ms from ``sent_wall`` (``time.time()``, when a request was sent) to the committed end
+    of the run ``run_id``; None if it has not ended."""
+    ended_at = Run.objects.values_list("ended_at", flat=True).get(pk=run_id)
+    return None if ended_at is None else (ended_at.timestamp() - sent_wall) * 1000
+
+
 def create_in_batches(client, spec: dict, count: int, size: int) -> list[str]:
     """Create ``count`` runs of ``spec`` over ``POST /api/runs/batch/``, ``size`` at a time;
     their ids."""
@@ -632,9 +639,9 @@ class Command(BaseCommand):
                     spent - backends_before[pid] for pid, spent in backends_after.items())
                 measured.codes[status] = measured.codes.get(status, 0) + 1
                 measured.runs.append(run_id)
-                ended_at = Run.objects.values_list("ended_at", flat=True).get(pk=run_id)
-                if ended_at is not None:
-                    measured.committed.append((ended_at.timestamp() - sent_wall) * 1000)
+                committed = committed_ms(run_id, sent_wall)
+                if committed is not None:
+                    measured.committed.append(committed)
         return measured
 
     def baseline(self, cancels) -> tuple:
@@ -743,8 +750,7 @@ class Command(BaseCommand):
             stub.wait(lambda calls, call=call: call.disconnected, 30,
                       "the provider's connection to close")
             closed.append((call.disconnected - sent) * 1000)
-            ended_at = Run.objects.values_list("ended_at", flat=True).get(pk=run_id)
-            committed.append((ended_at.timestamp() - sent_wall) * 1000)
+            committed.append(committed_ms(run_id, sent_wall))
         return closed, committed
 
     def first_runs(self, rounds: int) -> list:
@@ -796,8 +802,7 @@ class Command(BaseCommand):
         client.call("POST", f"/api/runs/{run_id}/cancel/?wait=0", {})
         wait_until(lambda: Run.objects.filter(pk=run_id, state=RunState.ENDED).exists(), 30,
                    "the cancelled run to end", every=0.002)
-        ended_at = Run.objects.values_list("ended_at", flat=True).get(pk=run_id)
-        return (ended_at.timestamp() - sent_wall) * 1000
+        return committed_ms(run_id, sent_wall)
 
     # --- socket push ------------------------------------------------------------------------
 
