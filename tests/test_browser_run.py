@@ -185,10 +185,16 @@ def test_cancel_is_sent_at_once_after_a_confirm_and_a_dismissed_one_sends_nothin
 
 def test_a_stop_dialog_open_when_the_run_ends_by_itself_says_nothing_was_stopped(
         page, embedded_site):
-    run_id, row = open_run(page, embedded_site, "demo.steps", {"steps": 4, "step_seconds": 0.4})
-    page.wait_for_selector(f'{row}[data-state="running"]')
+    # The run waits for an approval, so it ends only when the test answers, after the
+    # dialog is open: its own last steps then complete it, however slow the machine.
+    run_id, row = open_run(page, embedded_site, "demo.approval",
+                           {"steps_before": 0, "steps_after": 1, "step_seconds": 0.05})
+    page.wait_for_selector(f'{row}[data-state="awaiting"]')
     page.click(f'{row} [data-action="stop"]')
     page.fill('[name="reason"]', "too slow")
+    ticket = embedded_site.call("GET", f"/api/runs/{run_id}/")[1]["ticket"]["id"]
+    assert embedded_site.call("POST", f"/api/runs/{run_id}/resume/",
+                              {"ticket": ticket, "input": {"approved": True}})[0] == 200
     page.wait_for_selector(f'{row}[data-end-cause="completed"]')
     page.wait_for_selector("#stop-dialog[open] [data-field='dialog-error']:has-text("
                            "'had already completed; nothing was stopped')")
