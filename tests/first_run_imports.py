@@ -3,7 +3,11 @@ executor, in a fresh process, on an SQLite database of its own and the provider 
 Prints, as JSON, the modules imported on the worker's loop during each run (an import
 there holds up every attempt of the process) and how each run ended.
 
-    python -m tests.first_run_imports DATABASE_FILE AGENT
+    python -m tests.first_run_imports DATABASE_FILE AGENT [prepared]
+
+With ``prepared``, the executor is made as the process's own is (``get_executor``), and
+the runs begin once it has prepared every agent; the imports of any thread are printed
+too, and how many objects it froze.
 """
 
 import json
@@ -30,22 +34,28 @@ from runs.runtime.executor import Executor  # noqa: E402
 LOOP_THREAD = "awaken-executor"  # runs.runtime.loop.WorkerLoop's
 
 
-def main(agent: str) -> dict:
+def main(agent: str, prepared: bool = False) -> dict:
     call_command("migrate", verbosity=0)
     imported: list[str] = []
+    anywhere: list[str] = []
 
     def on_event(event, args):
-        if event == "import" and threading.current_thread().name == LOOP_THREAD:
-            imported.append(args[0])
+        if event == "import":
+            anywhere.append(args[0])
+            if threading.current_thread().name == LOOP_THREAD:
+                imported.append(args[0])
 
     sys.addaudithook(on_event)  # for the rest of this process, which is this program's
     runs = []
     with StubServer() as server:
         settings.AWAKEN_PROVIDER_BASE_URL = server.url
         settings.AWAKEN_PROVIDER_MODEL = "echo"
-        executor = Executor(node="first-run", lease_seconds=3600, db_threads=1)
+        executor = Executor(node="first-run", lease_seconds=3600, db_threads=1,
+                            prepare_all=prepared)
+        frozen = executor.prepared_all.result(timeout=120) if prepared else None
         for _ in range(2):
             imported.clear()
+            anywhere.clear()
             run, _ = domain.run_create(agent=agent, input={"prompt": "hello"}, dispatch=False)
             executor.start([run.id])
             deadline = time.monotonic() + 60
@@ -54,9 +64,10 @@ def main(agent: str) -> dict:
                     raise TimeoutError(f"the run of {agent} did not end in 60 s")
                 time.sleep(0.01)
             runs.append({"end_cause": run.end_cause, "error": run.error,
-                         "imported_on_the_loop": list(dict.fromkeys(imported))})
-    return {"agent": agent, "runs": runs}
+                         "imported_on_the_loop": list(dict.fromkeys(imported)),
+                         "imported": list(dict.fromkeys(anywhere))})
+    return {"agent": agent, "runs": runs, "frozen": frozen}
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[2])))
+    print(json.dumps(main(sys.argv[2], prepared=sys.argv[3:] == ["prepared"])))

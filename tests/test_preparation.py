@@ -37,6 +37,22 @@ def test_no_module_is_imported_on_the_workers_loop_at_an_agents_first_run(tmp_pa
         assert [run["imported_on_the_loop"] for run in runs] == [[], []], agent
 
 
+def test_the_processs_executor_prepares_every_agent_as_it_starts_and_freezes_it(tmp_path):
+    """The process's executor (as ``get_executor`` makes it) prepares every agent of the
+    catalogue before work arrives and then freezes what it made: a framework agent's first
+    run imports nothing on any thread, and the collector's full passes no longer go
+    through the framework's modules."""
+    program = subprocess.run(
+        [sys.executable, "-m", "tests.first_run_imports", str(tmp_path / "db.sqlite3"),
+         "pydantic_ai.chat", "prepared"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert program.returncode == 0, program.stderr[-3000:]
+    result = json.loads(program.stdout.strip().splitlines()[-1])
+    assert [run["end_cause"] for run in result["runs"]] == ["completed"] * 2, result
+    assert [run["imported"] for run in result["runs"]] == [[], []]
+    assert result["frozen"] > 100_000  # the frameworks' modules, among the rest
+
+
 PREPARING = threading.Event()  # set by test.prepare.slow's preparation once it has begun
 PREPARED = threading.Event()  # lets it end
 CALLS = {"slow": 0, "failing": 0}

@@ -71,6 +71,13 @@ class Stream:
                                  daemon=True).start()
             return self._loop
 
+    def prepare(self) -> None:
+        """The channel layer made (its backend's modules imported) and the stream's loop
+        started, as a worker starts (``runs.runtime.executor``): its first change, published
+        from a database thread after its commit, then waits for neither."""
+        if get_channel_layer() is not None:
+            self.loop  # noqa: B018 - started on first use
+
     # --- out --------------------------------------------------------------------------------
 
     def publish(self, messages: list[dict]) -> None:

@@ -18,6 +18,7 @@ puts the parts together; each does one job in a module of its own:
 """
 
 import asyncio
+import gc
 import logging
 import os
 import socket
@@ -29,6 +30,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from runs import domain, telemetry
+from runs.changes.stream import stream
 from runs.domain import activity, prices, selectors
 from runs.domain.catalogue import CATALOGUE
 from runs.domain.core import Ending
@@ -54,7 +56,7 @@ PREPARING_THREADS = 4  # agents prepared at once, at most (threads made as neede
 class Executor:
     def __init__(self, *, node: str, lease_seconds: float | None = None,
                  capacity: int | None = None, db_threads: int | None = None,
-                 tool_threads: int | None = None):
+                 tool_threads: int | None = None, prepare_all: bool = False):
         self.node = node
         self.owner = f"{node}:{os.getpid()}"
         self.lease_seconds = lease_seconds or settings.AWAKEN_LEASE_SECONDS
@@ -79,9 +81,15 @@ class Executor:
         self._prepared: dict[type[Agent], asyncio.Future] = {}
         # The process's own slow parts, begun now: what the provider's connections need
         # (metering.prepare), which an attempt waits for as for its agent's preparation,
-        # and the price table (prices.prepare), needed only once a model call has answered.
+        # the price table (prices.prepare), needed only once a model call has answered, and
+        # the change stream (stream.prepare), which a run's first commit publishes to.
         self._connections_prepared = self._preparing.submit(_prepared, metering.prepare)
-        self._preparing.submit(_prepared, prices.prepare)
+        self._prices_prepared = self._preparing.submit(_prepared, prices.prepare)
+        self._stream_prepared = self._preparing.submit(_prepared, stream.prepare)
+        # The process's executor (get_executor) also prepares every agent of the catalogue
+        # from its start, so that no run waits for its framework's import; done when all
+        # of it is made and frozen out of the collector's passes (_prepare_all).
+        self.prepared_all = self.worker_loop.submit(self._prepare_all()) if prepare_all else None
         self.worker_loop.submit(self.leases.renew_forever())
 
     def close(self) -> None:
@@ -241,17 +249,50 @@ class Executor:
 
     async def _prepared_for(self, agent: type[Agent], ctx: Context) -> None:
         """Wait, racing the attempt's token, for ``agent``'s preparation in this process,
-        begun on its own thread at the agent's first attempt here (again after one that
-        failed); its error, if it failed."""
+        on its own thread, begun as the process started (``_prepare_all``) or at the
+        agent's first attempt here, again after one that failed; its error, if it failed."""
+        preparing = self._preparation(agent)
+        if not preparing.done():
+            # Shielded: a cancel of this attempt does not cancel the others' wait.
+            await ctx.race(asyncio.shield(preparing))
+        preparing.result()
+
+    def _preparation(self, agent: type[Agent]) -> asyncio.Future:
+        """``agent``'s preparation in this process (on the loop): the one begun, unless
+        it failed, or one begun now."""
         preparing = self._prepared.get(agent)
         if preparing is None or (preparing.done() and (preparing.cancelled()
                                                        or preparing.exception() is not None)):
             preparing = self._prepared[agent] = self.loop.run_in_executor(
                 self._preparing, self._prepare, agent)
-        if not preparing.done():
-            # Shielded: a cancel of this attempt does not cancel the others' wait.
-            await ctx.race(asyncio.shield(preparing))
-        preparing.result()
+        return preparing
+
+    async def _prepare_all(self) -> int:
+        """Every agent of the catalogue prepared, as the process starts, and then what
+        the process made so far frozen (``gc.freeze``) after one full pass of the cyclic
+        collector: the modules of the frameworks, some 300,000 objects, which each full
+        pass would otherwise go through again while every attempt waits on it. Returns how
+        many objects are frozen. An agent whose preparation fails here is logged and
+        prepared again by its first attempt.
+
+        What is frozen is never collected as a cycle: that is the modules and what the
+        attempts live at this moment hold (few, this early), the cycles among them once
+        they end; garbage already there goes in the full pass before."""
+        agents = list(dict.fromkeys(CATALOGUE.values()))
+        # The process's own preparations log their failures (_prepared).
+        await asyncio.gather(*map(asyncio.wrap_future, (
+            self._connections_prepared, self._prices_prepared, self._stream_prepared)))
+        outcomes = await asyncio.gather(
+            *(asyncio.shield(self._preparation(agent)) for agent in agents),
+            return_exceptions=True)
+        for agent, outcome in zip(agents, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                log.warning("could not prepare %s as the process started (%s); its first "
+                            "attempt prepares it again", agent.name, outcome)
+        frozen = await self.loop.run_in_executor(self._preparing, _freeze)
+        log.info("prepared %d agents; %d objects frozen out of the collector's passes",
+                 len(agents), frozen)
+        return frozen
 
     def _prepare(self, agent: type[Agent]) -> None:
         """On a preparing thread: the agent's own slow parts (``Agent.prepare``), then
@@ -339,6 +380,13 @@ def _prepared(prepare) -> None:
         log.exception("could not prepare %s.%s", prepare.__module__, prepare.__name__)
 
 
+def _freeze() -> int:
+    """A full pass of the cyclic collector, then every object left frozen; how many."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def _provider_failure(error: BaseException) -> ProviderError | None:
     """The provider error that kept failing past the retries behind ``error`` (raised by
     the agent, or wrapped by its framework), if there is one."""
@@ -360,7 +408,8 @@ def get_executor(node: str | None = None) -> Executor:
     global _executor
     with _executor_lock:
         if _executor is None:
-            _executor = Executor(node=node or f"awaken@{socket.gethostname()}")
+            _executor = Executor(node=node or f"awaken@{socket.gethostname()}",
+                                 prepare_all=True)
         return _executor
 
 
