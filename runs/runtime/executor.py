@@ -80,9 +80,9 @@ class Executor:
                                              thread_name_prefix="awaken-prepare")
         self._prepared: dict[type[Agent], asyncio.Future] = {}
         # The process's own slow parts, begun now: what the provider's connections need
-        # (metering.prepare), which an attempt waits for as for its agent's preparation,
-        # the price table (prices.prepare), needed only once a model call has answered, and
-        # the change stream (stream.prepare), which a run's first commit publishes to.
+        # (metering.prepare) and the price table (prices.prepare), which an attempt waits
+        # for as for its agent's preparation, and the change stream (stream.prepare), which
+        # a run's first commit publishes to.
         self._connections_prepared = self._preparing.submit(_prepared, metering.prepare)
         self._prices_prepared = self._preparing.submit(_prepared, prices.prepare)
         self._stream_prepared = self._preparing.submit(_prepared, stream.prepare)
@@ -299,9 +299,11 @@ class Executor:
 
     def _prepare(self, agent: type[Agent]) -> None:
         """On a preparing thread: the agent's own slow parts (``Agent.prepare``), then
-        what the provider's connections need, once it is made."""
+        what the provider's connections need and the price table, once they are made, so
+        that no attempt makes either on the loop."""
         agent.prepare()
         self._connections_prepared.result()
+        self._prices_prepared.result()
 
     async def _step_alone(self, host: AttemptHost) -> bool:
         """Write the attempt's pending step before an end that does not take it (a stop,
