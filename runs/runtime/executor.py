@@ -280,7 +280,7 @@ class Executor:
         cycles the imports left (25 to 172 objects a framework's agent). A full pass first
         would free the latter, but holds every attempt of the process for as long as one
         (100 ms and more), so there is none."""
-        agents = list(dict.fromkeys(CATALOGUE.values()))
+        agents = list(CATALOGUE.values())  # a class a name (catalogue.register)
         # The process's own preparations log their failures (_prepared).
         await asyncio.gather(*map(asyncio.wrap_future, (
             self._connections_prepared, self._prices_prepared, self._stream_prepared)))
