@@ -53,6 +53,22 @@ def test_the_processs_executor_prepares_every_agent_as_it_starts_and_freezes_it(
     assert result["frozen"] > 100_000  # the frameworks' modules, among the rest
 
 
+def test_the_start_prepares_a_waiting_attempts_agent_first_and_goes_past_a_hung_one(tmp_path):
+    """As a process's executor starts, an attempt's agent is prepared before the
+    catalogue's others that wait their turn, which then wait for it; one whose preparation
+    never returns is given ``PREPARE_WAIT`` (3 s here), and the rest are prepared and
+    frozen without it."""
+    program = subprocess.run(
+        [sys.executable, "-m", "tests.start_preparations", str(tmp_path / "db.sqlite3")],
+        cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert program.returncode == 0, program.stderr[-3000:]
+    result = json.loads(program.stdout.strip().splitlines()[-1])
+    assert result["begun"] == ["gate", "wanted", "hung", "first", "second"], result
+    assert (result["end_cause"], result["output"]) == ("completed", {"ran": "wanted"})
+    assert result["frozen"] > 100_000, result  # the hung preparation kept no freeze
+    assert "test.start.hung still preparing after 3 s" in program.stderr
+
+
 PREPARING = threading.Event()  # set by test.prepare.slow's preparation once it has begun
 PREPARED = threading.Event()  # lets it end
 CALLS = {"slow": 0, "failing": 0}

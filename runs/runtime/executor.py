@@ -51,6 +51,9 @@ __all__ = ["Executor", "ToolsExhausted", "current_executor", "get_executor"]
 log = logging.getLogger(__name__)
 
 PREPARING_THREADS = 4  # agents prepared at once, at most (threads made as needed)
+# How long the preparations of a process's start wait for one part before they go on
+# without it: a preparation that never returns keeps its thread, not the others' turn.
+PREPARE_WAIT = 30.0
 
 
 class Executor:
@@ -79,6 +82,7 @@ class Executor:
         self._preparing = ThreadPoolExecutor(PREPARING_THREADS,
                                              thread_name_prefix="awaken-prepare")
         self._prepared: dict[type[Agent], asyncio.Future] = {}
+        self._awaited: set[asyncio.Future] = set()  # preparations attempts wait for
         # The process's own slow parts, begun now: what the provider's connections need
         # (metering.prepare) and the price table (prices.prepare), which an attempt waits
         # for as for its agent's preparation, and the change stream (stream.prepare), which
@@ -253,6 +257,8 @@ class Executor:
         agent's first attempt here, again after one that failed; its error, if it failed."""
         preparing = self._preparation(agent)
         if not preparing.done():
+            self._awaited.add(preparing)  # first in the start's turn (_prepare_all)
+            preparing.add_done_callback(self._awaited.discard)
             # Shielded: a cancel of this attempt does not cancel the others' wait.
             await ctx.race(asyncio.shield(preparing))
         preparing.result()
@@ -272,29 +278,34 @@ class Executor:
         the process made so far frozen (``gc.freeze``): the modules of the frameworks, some
         300,000 objects, which each full pass of the cyclic collector would otherwise go
         through again while every attempt waits on it. Returns how many objects are
-        frozen. An agent whose preparation fails here is logged and prepared again by its
-        first attempt.
+        frozen.
+
+        The agents are prepared in turn, the agents of waiting attempts first: imports on
+        one interpreter lock take as long side by side as in turn, so an attempt that
+        arrives now waits for its own agent's preparation, begun at once
+        (``_prepared_for``), beside one other at most, not beside all of them. A part
+        that fails is logged (an agent is prepared again by its first attempt); one that
+        takes longer than ``PREPARE_WAIT`` is left to its thread, and the rest go on.
 
         What is frozen is never collected as a cycle: the cycles among what the attempts
         live at this moment hold (few, this early) once they end, and the garbage in
         cycles the imports left (25 to 172 objects a framework's agent). A full pass first
         would free the latter, but holds every attempt of the process for as long as one
         (100 ms and more), so there is none."""
-        agents = list(CATALOGUE.values())  # a class a name (catalogue.register)
         # The process's own preparations log their failures (_prepared).
-        await asyncio.gather(*map(asyncio.wrap_future, (
-            self._connections_prepared, self._prices_prepared, self._stream_prepared)))
-        outcomes = await asyncio.gather(
-            *(asyncio.shield(self._preparation(agent)) for agent in agents),
-            return_exceptions=True)
-        for agent, outcome in zip(agents, outcomes, strict=True):
-            if isinstance(outcome, Exception):
-                log.warning("could not prepare %s as the process started (%s); its first "
-                            "attempt prepares it again", agent.name, outcome)
+        await _in_time("the process's own parts", asyncio.shield(asyncio.gather(*map(
+            asyncio.wrap_future, (self._connections_prepared, self._prices_prepared,
+                                  self._stream_prepared)))))
+        agents = list(CATALOGUE.values())  # a class a name (catalogue.register)
+        prepared = 0
+        for agent in agents:
+            if self._awaited:
+                await asyncio.wait(set(self._awaited), timeout=PREPARE_WAIT)
+            prepared += await _in_time(agent.name, asyncio.shield(self._preparation(agent)))
         gc.freeze()  # moves the collector's lists whole, in no time
         frozen = gc.get_freeze_count()
-        log.info("prepared %d agents; %d objects frozen out of the collector's passes",
-                 len(agents), frozen)
+        log.info("prepared %d of %d agents; %d objects frozen out of the collector's passes",
+                 prepared, len(agents), frozen)
         return frozen
 
     def _prepare(self, agent: type[Agent]) -> None:
@@ -374,6 +385,22 @@ class Executor:
                                       activity=noted)
         except Exception:
             log.exception("run %s: could not record its failure", run_id)
+
+
+async def _in_time(what: str, preparing) -> bool:
+    """Whether ``preparing`` (shielded, or its thread's own) was made within
+    ``PREPARE_WAIT``; if not, why is logged, and the start's preparations go on."""
+    try:
+        await asyncio.wait_for(preparing, PREPARE_WAIT)
+    except TimeoutError:
+        log.warning("%s still preparing after %.0f s; the worker goes on without waiting",
+                    what, PREPARE_WAIT)
+    except Exception as error:
+        log.warning("could not prepare %s as the process started (%s); its first attempt "
+                    "prepares it again", what, error)
+    else:
+        return True
+    return False
 
 
 def _prepared(prepare) -> None:

@@ -1,0 +1,89 @@
+"""Run as a program by ``tests/test_preparation.py``: the preparations of a process's
+executor as it starts (``Executor(prepare_all=True)``, as ``get_executor`` makes it), in a
+fresh process on an SQLite database of its own, with four agents of its own registered
+after the catalogue's:
+
+* ``gate``, whose preparation waits (10 s at most) until ``wanted``'s has begun;
+* ``hung``, whose preparation never returns while the program lives;
+* ``first`` and ``second``, which take 0.1 s each;
+* ``wanted``, an attempt of which is started once the gate's preparation has begun,
+  when the start's preparations have come to the program's agents.
+
+Prints, as JSON, the order in which their preparations began, how the attempt ended and
+what the start's preparations returned (the objects frozen), within 60 s.
+
+    python -m tests.start_preparations DATABASE_FILE
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+
+os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+os.environ["DATABASE_URL"] = f"sqlite:///{sys.argv[1]}"
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+
+from runs import domain  # noqa: E402
+from runs.models import Run, RunState  # noqa: E402
+from runs.runtime import executor as executors  # noqa: E402
+from runs.runtime.agent import Agent, register  # noqa: E402
+
+BEGUN: list[str] = []
+GATE_BEGUN = threading.Event()
+WANTED_BEGUN = threading.Event()
+RELEASED = threading.Event()  # lets hung's preparation end as the program does
+
+
+def agent_of(short: str, prepare) -> type[Agent]:
+    class Prepared(Agent):
+        name = f"test.start.{short}"
+
+        @classmethod
+        def prepare(cls):
+            BEGUN.append(short)
+            prepare()
+
+        async def run(self, ctx):
+            return {"ran": short}
+
+    return register(Prepared)
+
+
+agent_of("gate", lambda: (GATE_BEGUN.set(), WANTED_BEGUN.wait(10)))
+agent_of("hung", RELEASED.wait)
+agent_of("first", lambda: time.sleep(0.1))
+agent_of("second", lambda: time.sleep(0.1))
+WANTED = agent_of("wanted", WANTED_BEGUN.set)
+
+
+def main() -> dict:
+    call_command("migrate", verbosity=0)
+    executors.PREPARE_WAIT = 3.0
+    run, _ = domain.run_create(agent=WANTED.name, input={}, dispatch=False)
+    executor = executors.Executor(node="start", lease_seconds=3600, db_threads=1,
+                                  prepare_all=True)
+    GATE_BEGUN.wait(60)
+    executor.start([run.id])
+    try:
+        frozen = executor.prepared_all.result(timeout=60)
+    except TimeoutError:
+        frozen = None
+    deadline = time.monotonic() + 60
+    while (run := Run.objects.get(pk=run.id)).state != RunState.ENDED:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    RELEASED.set()
+    return {"begun": BEGUN, "end_cause": run.end_cause, "output": run.output,
+            "frozen": frozen}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main()))
