@@ -30,12 +30,17 @@ from django.urls import re_path  # noqa: E402
 from awaken_site.body_limit import BodySizeLimit  # noqa: E402
 from awaken_site.logs import AccessLog  # noqa: E402
 from awaken_site.request_share import RequestShare  # noqa: E402
+from runs.changes.stream import stream  # noqa: E402
 from runs.sockets import routing  # noqa: E402
 from runs.sockets.auth import SocketAuth  # noqa: E402
 from runs.sockets.daphne import DaphneBackPressure, serve_bodies_unparsed  # noqa: E402
 from runs.sockets.shutdown import Draining  # noqa: E402
 
 serve_bodies_unparsed()  # Django parses a POST body; daphne's Twisted need not (daphne.py)
+# The channel layer made before anything is served: its backend's import (channels_redis,
+# 0.1 s and more) would otherwise fall on the first socket's join, on the loop every
+# connection shares, or on the first change's publish, in its request.
+stream.prepare()
 
 # Draining, outermost: on SIGTERM what is held open answers and ends (runs.sockets.shutdown).
 application = Draining(ProtocolTypeRouter({

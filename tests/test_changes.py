@@ -5,6 +5,8 @@ import asyncio
 import itertools
 import json
 import re
+import subprocess
+import sys
 import time
 import uuid
 
@@ -15,6 +17,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from awaken_site.settings import channel_prefix, redis_channel_layer
+from harness.processes import ROOT
 from runs.changes.outbox import Outbox
 from runs.changes.stream import stream
 
@@ -342,6 +345,32 @@ def test_deployments_that_share_a_redis_server_never_hear_each_other():
             await green.flush()
 
     async_to_sync(body)()
+
+
+WEB_PROCESS_FIRST_USE = """
+import json, os, sys, threading
+os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+import awaken_site.asgi  # as a web process starts
+from runs.changes.stream import stream
+imported = []
+sys.addaudithook(lambda event, args: imported.append(args[0])
+                 if event == "import" and threading.current_thread().name != "changes"
+                 else None)
+subscribed = stream.listening(10)  # what a socket's join asks, on the server's loop
+stream.publish([{"type": "ping"}])  # what a change's commit asks, in its request
+print(json.dumps({"subscribed": subscribed, "imported": imported}))
+"""
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis (REDIS_URL)")
+def test_a_web_process_makes_its_channel_layer_before_it_serves():
+    """The first socket's join and the first change's publish in a web process import
+    nothing: not on the loop every connection shares, not in a request."""
+    program = subprocess.run([sys.executable, "-c", WEB_PROCESS_FIRST_USE], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert program.returncode == 0, program.stderr[-3000:]
+    result = json.loads(program.stdout.strip().splitlines()[-1])
+    assert result == {"subscribed": True, "imported": []}
 
 
 @pytest.mark.django_db(transaction=True)

@@ -73,8 +73,9 @@ class Stream:
 
     def prepare(self) -> None:
         """The channel layer made (its backend's modules imported) and the stream's loop
-        started, as a worker starts (``runs.runtime.executor``): its first change, published
-        from a database thread after its commit, then waits for neither."""
+        started, as a web process (``awaken_site.asgi``) or a worker
+        (``runs.runtime.executor``) starts: its first change, published after its commit,
+        and its first socket's join, on the server's loop, then wait for neither."""
         if get_channel_layer() is not None:
             self.loop  # noqa: B018 - started on first use
 
