@@ -1,9 +1,10 @@
-"""Run as a program by ``tests/test_preparation.py``: one agent's first two runs on a fresh
-executor, in a fresh process, on an SQLite database of its own and the provider stub.
-Prints, as JSON, the modules imported on the worker's loop during each run (an import
-there holds up every attempt of the process) and how each run ended.
+"""Run as a program by ``tests/test_preparation.py``: each agent's first two runs on a fresh
+executor, in a fresh process, in turn, on an SQLite database of its own and the provider
+stub. Prints, as JSON, the modules imported on the worker's loop during each run (an import
+there holds up every attempt of the process) and how each run ended. A run that awaits a
+person's approval is approved, and resumed: what it imports from its start to its end.
 
-    python -m tests.first_run_imports DATABASE_FILE AGENT [prepared]
+    python -m tests.first_run_imports DATABASE_FILE AGENT[,AGENT...] [prepared]
 
 With ``prepared``, the executor is made as the process's own is (``get_executor``), and
 the runs begin once it has prepared every agent; the imports of any thread are printed
@@ -34,7 +35,7 @@ from runs.runtime.executor import Executor  # noqa: E402
 LOOP_THREAD = "awaken-executor"  # runs.runtime.loop.WorkerLoop's
 
 
-def main(agent: str, prepared: bool = False) -> dict:
+def main(agents: list[str], prepared: bool = False) -> dict:
     call_command("migrate", verbosity=0)
     imported: list[str] = []
     anywhere: list[str] = []
@@ -53,21 +54,36 @@ def main(agent: str, prepared: bool = False) -> dict:
         executor = Executor(node="first-run", lease_seconds=3600, db_threads=1,
                             prepare_all=prepared)
         frozen = executor.prepared_all.result(timeout=120) if prepared else None
-        for _ in range(2):
-            imported.clear()
-            anywhere.clear()
-            run, _ = domain.run_create(agent=agent, input={"prompt": "hello"}, dispatch=False)
+        for agent in agents:
+            for _ in range(2):
+                imported.clear()
+                anywhere.clear()
+                run, _ = domain.run_create(agent=agent, input={"prompt": "bob@example.com"},
+                                           dispatch=False)
+                executor.start([run.id])
+                run, approvals = ended(run, executor)
+                runs.append({"agent": agent, "end_cause": run.end_cause, "error": run.error,
+                             "approvals": approvals,
+                             "imported_on_the_loop": list(dict.fromkeys(imported)),
+                             "imported": list(dict.fromkeys(anywhere))})
+    return {"runs": runs, "frozen": frozen}
+
+
+def ended(run: Run, executor: Executor) -> tuple[Run, int]:
+    """``run`` once ended, approved and resumed each time it awaits an approval, and how
+    many times it was."""
+    deadline, approvals = time.monotonic() + 60, 0
+    while (run := Run.objects.get(pk=run.id)).state != RunState.ENDED:
+        if run.state == RunState.AWAITING:
+            approvals += 1
+            domain.run_resume(run_id=run.id, ticket_id=run.ticket_id, input={"approved": True},
+                              actor="olga", source="api")
             executor.start([run.id])
-            deadline = time.monotonic() + 60
-            while (run := Run.objects.get(pk=run.id)).state != RunState.ENDED:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the run of {agent} did not end in 60 s")
-                time.sleep(0.01)
-            runs.append({"end_cause": run.end_cause, "error": run.error,
-                         "imported_on_the_loop": list(dict.fromkeys(imported)),
-                         "imported": list(dict.fromkeys(anywhere))})
-    return {"agent": agent, "runs": runs, "frozen": frozen}
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the run of {run.agent} did not end in 60 s")
+        time.sleep(0.01)
+    return run, approvals
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[2], prepared=sys.argv[3:] == ["prepared"])))
+    print(json.dumps(main(sys.argv[2].split(","), prepared=sys.argv[3:] == ["prepared"])))

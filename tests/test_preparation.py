@@ -20,21 +20,30 @@ CHAT_AGENTS = ["demo.chat", "pydantic_ai.chat", "openai_agents.chat", "langgraph
 
 
 def test_no_module_is_imported_on_the_workers_loop_at_an_agents_first_run(tmp_path):
-    """Each shipped chat agent's first run on a fresh worker process (one process each, so
-    that no agent finds what another imported): the loop imports nothing, neither the
-    framework nor what the provider's connections and the price table load."""
+    """Each shipped chat agent's first run on a fresh worker process (one process a
+    framework, so that no agent finds what another framework imported), then its
+    framework's approval agent's, approved and resumed: the loop imports nothing, neither
+    the framework nor what the provider's connections and the price table load."""
     agents = [name for name in CHAT_AGENTS if name in CATALOGUE]
     assert "demo.chat" in agents
     programs = {agent: subprocess.Popen(
         [sys.executable, "-m", "tests.first_run_imports", str(tmp_path / f"{agent}.sqlite3"),
-         agent], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         f"{agent},{approval(agent)}"], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
         for agent in agents}
     for agent, program in programs.items():
-        out, err = program.communicate(timeout=120)
+        out, err = program.communicate(timeout=180)
         assert program.returncode == 0, err[-3000:]
         runs = json.loads(out.strip().splitlines()[-1])["runs"]
-        assert [run["end_cause"] for run in runs] == ["completed"] * 2, runs
-        assert [run["imported_on_the_loop"] for run in runs] == [[], []], agent
+        assert [(run["agent"], run["end_cause"]) for run in runs] == [
+            (agent, "completed")] * 2 + [(approval(agent), "completed")] * 2, runs
+        assert [run["approvals"] for run in runs] == [0, 0, 1, 1]
+        assert [run["imported_on_the_loop"] for run in runs] == [[]] * 4, agent
+
+
+def approval(chat_agent: str) -> str:
+    """The approval agent shipped beside ``chat_agent``, of its framework."""
+    return chat_agent.replace(".chat", ".approval")
 
 
 def test_the_processs_executor_prepares_every_agent_as_it_starts_and_freezes_it(tmp_path):
