@@ -4,13 +4,14 @@ fresh process on an SQLite database of its own, with four agents of its own regi
 after the catalogue's:
 
 * ``gate``, whose preparation waits (10 s at most) until ``wanted``'s has begun;
-* ``hung``, whose preparation never returns while the program lives;
+* ``hung``, whose preparation never returns;
 * ``first`` and ``second``, which take 0.1 s each;
 * ``wanted``, an attempt of which is started once the gate's preparation has begun,
   when the start's preparations have come to the program's agents.
 
 Prints, as JSON, the order in which their preparations began, how the attempt ended and
-what the start's preparations returned (the objects frozen), within 60 s.
+what the start's preparations returned (the objects frozen), within 60 s, and exits, the
+hung preparation still on its thread.
 
     python -m tests.start_preparations DATABASE_FILE
 """
@@ -38,7 +39,6 @@ from runs.runtime.agent import Agent, register  # noqa: E402
 BEGUN: list[str] = []
 GATE_BEGUN = threading.Event()
 WANTED_BEGUN = threading.Event()
-RELEASED = threading.Event()  # lets hung's preparation end as the program does
 
 
 def agent_of(short: str, prepare) -> type[Agent]:
@@ -57,7 +57,7 @@ def agent_of(short: str, prepare) -> type[Agent]:
 
 
 agent_of("gate", lambda: (GATE_BEGUN.set(), WANTED_BEGUN.wait(10)))
-agent_of("hung", RELEASED.wait)
+agent_of("hung", threading.Event().wait)
 agent_of("first", lambda: time.sleep(0.1))
 agent_of("second", lambda: time.sleep(0.1))
 WANTED = agent_of("wanted", WANTED_BEGUN.set)
@@ -80,7 +80,6 @@ def main() -> dict:
         if time.monotonic() > deadline:
             break
         time.sleep(0.01)
-    RELEASED.set()
     return {"begun": BEGUN, "end_cause": run.end_cause, "output": run.output,
             "frozen": frozen}
 

@@ -66,7 +66,7 @@ def test_the_start_prepares_a_waiting_attempts_agent_first_and_goes_past_a_hung_
     """As a process's executor starts, an attempt's agent is prepared before the
     catalogue's others that wait their turn, which then wait for it; one whose preparation
     never returns is given ``PREPARE_WAIT`` (3 s here), and the rest are prepared and
-    frozen without it."""
+    frozen without it; it keeps its thread, and the process still exits."""
     program = subprocess.run(
         [sys.executable, "-m", "tests.start_preparations", str(tmp_path / "db.sqlite3")],
         cwd=ROOT, capture_output=True, text=True, timeout=180)

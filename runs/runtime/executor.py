@@ -24,7 +24,7 @@ import os
 import socket
 import threading
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -50,7 +50,6 @@ __all__ = ["Executor", "ToolsExhausted", "current_executor", "get_executor"]
 
 log = logging.getLogger(__name__)
 
-PREPARING_THREADS = 4  # agents prepared at once, at most (threads made as needed)
 # How long the preparations of a process's start wait for one part before they go on
 # without it: a preparation that never returns keeps its thread, not the others' turn.
 PREPARE_WAIT = 30.0
@@ -77,19 +76,18 @@ class Executor:
                                    abandoned_tools=lambda: self.tool_threads.abandoned,
                                    capacity=self.capacity)
         self._provider: ChatClient | None = None
-        # Each agent's preparation in this process (Agent.prepare), by its class, on threads
-        # of their own: one agent's slow preparation does not hold up another's.
-        self._preparing = ThreadPoolExecutor(PREPARING_THREADS,
-                                             thread_name_prefix="awaken-prepare")
+        # Each agent's preparation in this process (Agent.prepare), by its class, on a
+        # thread of its own (_on_a_thread): one agent's slow preparation does not hold up
+        # another's, and one that never returns does not hold up the process's exit.
         self._prepared: dict[type[Agent], asyncio.Future] = {}
         self._awaited: set[asyncio.Future] = set()  # preparations attempts wait for
         # The process's own slow parts, begun now: what the provider's connections need
         # (metering.prepare) and the price table (prices.prepare), which an attempt waits
         # for as for its agent's preparation, and the change stream (stream.prepare), which
         # a run's first commit publishes to.
-        self._connections_prepared = self._preparing.submit(_prepared, metering.prepare)
-        self._prices_prepared = self._preparing.submit(_prepared, prices.prepare)
-        self._stream_prepared = self._preparing.submit(_prepared, stream.prepare)
+        self._connections_prepared = _on_a_thread(_prepared, metering.prepare)
+        self._prices_prepared = _on_a_thread(_prepared, prices.prepare)
+        self._stream_prepared = _on_a_thread(_prepared, stream.prepare)
         # The process's executor (get_executor) also prepares every agent of the catalogue
         # from its start, so that no run waits for its framework's import; done when all
         # of it is made and frozen out of the collector's passes (_prepare_all).
@@ -99,7 +97,6 @@ class Executor:
     def close(self) -> None:
         """Stop the loop and close its database connections (for a test; a worker exits)."""
         self.worker_loop.close()
-        self._preparing.shutdown(wait=False)
 
     @property
     def provider(self) -> ChatClient:
@@ -269,8 +266,8 @@ class Executor:
         preparing = self._prepared.get(agent)
         if preparing is None or (preparing.done() and (preparing.cancelled()
                                                        or preparing.exception() is not None)):
-            preparing = self._prepared[agent] = self.loop.run_in_executor(
-                self._preparing, self._prepare, agent)
+            preparing = self._prepared[agent] = asyncio.wrap_future(
+                _on_a_thread(self._prepare, agent), loop=self.loop)
         return preparing
 
     async def _prepare_all(self) -> int:
@@ -401,6 +398,24 @@ async def _in_time(what: str, preparing) -> bool:
     else:
         return True
     return False
+
+
+def _on_a_thread(fn, *args) -> Future:
+    """``fn(*args)`` on a daemon thread of its own, its outcome in the future returned:
+    a preparation that never returns keeps its thread, and the process still exits."""
+    future = Future()
+    future.set_running_or_notify_cancel()
+
+    def call():
+        try:
+            result = fn(*args)
+        except BaseException as error:  # handed to whoever waits for the preparation
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    threading.Thread(target=call, name="awaken-prepare", daemon=True).start()
+    return future
 
 
 def _prepared(prepare) -> None:
