@@ -313,11 +313,14 @@ class Worker(Process):
                  private: bool = False, concurrency: int = 4, pool: str = "threads",
                  include: tuple[str, ...] = (), lease_seconds: float | None = None,
                  extra_env: dict | None = None, broker: str | None = None,
-                 loglevel: str = "INFO", log_dir: Path | None = None):
+                 loglevel: str = "INFO", log_dir: Path | None = None, warm: bool = False):
         """``queue``: the queue it consumes, the configured one by default. ``private``:
         only a queue named after the worker, so that a test decides which runs it takes.
         ``include``: modules of tasks to load besides the project's. ``broker``: the broker
-        to ping it through, when ``extra_env`` gives it another than this process's."""
+        to ping it through, when ``extra_env`` gives it another than this process's.
+        ``warm``: ready only once it has prepared every agent as it starts (a benchmark's
+        figures then hold none of that work)."""
+        self.warm = warm
         name = name or f"w{uuid.uuid4().hex[:8]}"
         self.node = f"{name}@{socket.gethostname()}"
         self.queue = name if private else queue or settings.CELERY_TASK_DEFAULT_QUEUE
@@ -335,11 +338,16 @@ class Worker(Process):
                          log_dir=log_dir)
 
     def ready(self) -> bool:
-        """It answers a control ping (not while the broker is unreachable)."""
+        """It answers a control ping (not while the broker is unreachable), and if
+        ``warm``, says it has prepared (``runs.workers.commands.awaken_prepared``)."""
         try:
-            return bool(self.control.ping(destination=[self.node], timeout=0.5))
+            if not self.warm:
+                return bool(self.control.ping(destination=[self.node], timeout=0.5))
+            replies = self.control.broadcast("awaken_prepared", destination=[self.node],
+                                             reply=True, timeout=0.5)
         except self.control.app.connection_for_write().connection_errors:
             return False
+        return any(reply.get(self.node, {}).get("prepared") for reply in replies)
 
     def take(self, run_id) -> None:
         """Send this worker the task of a run created with ``dispatch=False``."""

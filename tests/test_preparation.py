@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 import threading
+from concurrent.futures import Future
+from types import SimpleNamespace
 
 import pytest
 
@@ -76,6 +78,22 @@ def test_the_start_prepares_a_waiting_attempts_agent_first_and_goes_past_a_hung_
     assert (result["end_cause"], result["output"]) == ("completed", {"ran": "wanted"})
     assert result["frozen"] > 100_000, result  # the hung preparation kept no freeze
     assert "test.start.hung still preparing after 3 s" in program.stderr
+
+
+def test_a_worker_says_it_is_prepared_once_its_start_has_prepared_every_agent(monkeypatch):
+    """``celery inspect awaken_prepared``: not before the process's executor exists, nor
+    from one that prepares nothing as it starts, nor while its start still prepares."""
+    from runs.workers import commands
+
+    executor = None
+    monkeypatch.setattr(commands, "current_executor", lambda: executor)
+    assert commands.awaken_prepared(None) == {"prepared": False}
+    executor = SimpleNamespace(prepared_all=None)  # an executor made without prepare_all
+    assert commands.awaken_prepared(None) == {"prepared": False}
+    executor = SimpleNamespace(prepared_all=Future())
+    assert commands.awaken_prepared(None) == {"prepared": False}
+    executor.prepared_all.set_result(300_000)
+    assert commands.awaken_prepared(None) == {"prepared": True}
 
 
 PREPARING = threading.Event()  # set by test.prepare.slow's preparation once it has begun

@@ -471,15 +471,17 @@ class Command(BaseCommand):
         self.print_table(rows)
 
     @contextmanager
-    def system(self, workers: int = 1, extra_env: dict | None = None):
+    def system(self, workers: int = 1, extra_env: dict | None = None, *, warm: bool = True):
         """A web process and ``workers`` worker processes of the benchmark's own, on a queue
         of its own, with their logs in a temporary directory; yields the web process and
-        the workers."""
-        with self.system_of(1, workers, extra_env) as ([web], started):
+        the workers once they are ready, and, if ``warm``, once each has prepared every
+        agent as it starts (``harness.processes.Worker``): no figure holds that work."""
+        with self.system_of(1, workers, extra_env, warm=warm) as ([web], started):
             yield web, started
 
     @contextmanager
-    def system_of(self, webs: int, workers: int, extra_env: dict | None = None):
+    def system_of(self, webs: int, workers: int, extra_env: dict | None = None, *,
+                  warm: bool = True):
         """As ``system``, with ``webs`` web processes; yields them and the workers."""
         queue = f"awaken-bench-{uuid.uuid4().hex[:8]}"
         env = {"AWAKEN_QUEUE": queue, **(extra_env or {})}
@@ -489,7 +491,7 @@ class Command(BaseCommand):
                       for index in range(webs)]
             started = [processes.add(Worker(f"bench{index}-{queue}", queue=queue, concurrency=8,
                                             extra_env={**env, **self.worker_env},
-                                            loglevel="WARNING", log_dir=logs,
+                                            loglevel="WARNING", log_dir=logs, warm=warm,
                                             broker=env.get("CELERY_BROKER_URL")))
                        for index in range(workers)]
             processes.wait_ready(90)
@@ -766,7 +768,7 @@ class Command(BaseCommand):
             for agent in self.chat_agents():
                 called, committed, warm = [], [], []
                 for _ in range(rounds):
-                    with self.system(extra_env=env) as (web, _):
+                    with self.system(extra_env=env, warm=False) as (web, _):
                         client = Client(web.port, self.token)
                         other = self.live_run(client)
                         last = max((call.number for call in stub.calls), default=0)
