@@ -4,10 +4,10 @@ fresh process on an SQLite database of its own, with four agents of its own regi
 after the catalogue's:
 
 * ``gate``, whose preparation waits (10 s at most) until ``wanted``'s has begun;
-* ``hung``, whose preparation never returns;
+* ``hung``, whose preparation never returns, an attempt of which waits for it;
 * ``first`` and ``second``, which take 0.1 s each;
 * ``wanted``, an attempt of which is started once the gate's preparation has begun,
-  when the start's preparations have come to the program's agents.
+  when the start's preparations have come to the program's agents, as is hung's.
 
 Prints, as JSON, the order in which their preparations began, how the attempt ended and
 what the start's preparations returned (the objects frozen), within 60 s, and exits, the
@@ -57,7 +57,7 @@ def agent_of(short: str, prepare) -> type[Agent]:
 
 
 agent_of("gate", lambda: (GATE_BEGUN.set(), WANTED_BEGUN.wait(10)))
-agent_of("hung", threading.Event().wait)
+HUNG = agent_of("hung", threading.Event().wait)
 agent_of("first", lambda: time.sleep(0.1))
 agent_of("second", lambda: time.sleep(0.1))
 WANTED = agent_of("wanted", WANTED_BEGUN.set)
@@ -67,10 +67,11 @@ def main() -> dict:
     call_command("migrate", verbosity=0)
     executors.PREPARE_WAIT = 3.0
     run, _ = domain.run_create(agent=WANTED.name, input={}, dispatch=False)
+    waiting, _ = domain.run_create(agent=HUNG.name, input={}, dispatch=False)
     executor = executors.Executor(node="start", lease_seconds=3600, db_threads=1,
                                   prepare_all=True)
     GATE_BEGUN.wait(60)
-    executor.start([run.id])
+    executor.start([run.id, waiting.id])
     try:
         frozen = executor.prepared_all.result(timeout=60)
     except TimeoutError:

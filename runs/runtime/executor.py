@@ -294,11 +294,15 @@ class Executor:
             asyncio.wrap_future, (self._connections_prepared, self._prices_prepared,
                                   self._stream_prepared)))))
         agents = list(CATALOGUE.values())  # a class a name (catalogue.register)
-        prepared = 0
+        prepared, given_up = 0, set()
         for agent in agents:
-            if self._awaited:
-                await asyncio.wait(set(self._awaited), timeout=PREPARE_WAIT)
-            prepared += await _in_time(agent.name, asyncio.shield(self._preparation(agent)))
+            waiting = self._awaited - given_up
+            if waiting:
+                await asyncio.wait(waiting, timeout=PREPARE_WAIT)
+                given_up.update(preparing for preparing in waiting if not preparing.done())
+            preparing = self._preparation(agent)
+            prepared += await _in_time(agent.name, asyncio.shield(preparing),
+                                       0 if preparing in given_up else None)
         gc.freeze()  # moves the collector's lists whole, in no time
         frozen = gc.get_freeze_count()
         log.info("prepared %d of %d agents; %d objects frozen out of the collector's passes",
@@ -384,11 +388,12 @@ class Executor:
             log.exception("run %s: could not record its failure", run_id)
 
 
-async def _in_time(what: str, preparing) -> bool:
-    """Whether ``preparing`` (shielded, or its thread's own) was made within
-    ``PREPARE_WAIT``; if not, why is logged, and the start's preparations go on."""
+async def _in_time(what: str, preparing, seconds: float | None = None) -> bool:
+    """Whether ``preparing`` (shielded, or its thread's own) was made within ``seconds``
+    more (``PREPARE_WAIT``; none for one that had its wait already); if not, why is
+    logged, and the start's preparations go on."""
     try:
-        await asyncio.wait_for(preparing, PREPARE_WAIT)
+        await asyncio.wait_for(preparing, PREPARE_WAIT if seconds is None else seconds)
     except TimeoutError:
         log.warning("%s still preparing after %.0f s; the worker goes on without waiting",
                     what, PREPARE_WAIT)
