@@ -339,15 +339,24 @@ class Worker(Process):
 
     def ready(self) -> bool:
         """It answers a control ping (not while the broker is unreachable), and if
-        ``warm``, says it has prepared (``runs.workers.commands.awaken_prepared``)."""
+        ``warm``, says it has prepared (``prepared_seconds``)."""
+        if self.warm:
+            return self.prepared_seconds() is not None
         try:
-            if not self.warm:
-                return bool(self.control.ping(destination=[self.node], timeout=0.5))
+            return bool(self.control.ping(destination=[self.node], timeout=0.5))
+        except self.control.app.connection_for_write().connection_errors:
+            return False
+
+    def prepared_seconds(self) -> float | None:
+        """How long its start took to prepare every agent, as it answers
+        ``runs.workers.commands.awaken_prepared``; None until then (or unreachable)."""
+        try:
             replies = self.control.broadcast("awaken_prepared", destination=[self.node],
                                              reply=True, timeout=0.5)
         except self.control.app.connection_for_write().connection_errors:
-            return False
-        return any(reply.get(self.node, {}).get("prepared") for reply in replies)
+            return None
+        return next((reply[self.node]["seconds"] for reply in replies if self.node in reply),
+                    None)
 
     def take(self, run_id) -> None:
         """Send this worker the task of a run created with ``dispatch=False``."""

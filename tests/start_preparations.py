@@ -9,9 +9,10 @@ after the catalogue's:
 * ``wanted``, an attempt of which is started once the gate's preparation has begun,
   when the start's preparations have come to the program's agents, as is hung's.
 
-Prints, as JSON, the order in which their preparations began, how the attempt ended and
-what the start's preparations returned (the objects frozen), within 60 s, and exits, the
-hung preparation still on its thread.
+The executor is the process's own (``get_executor``). Prints, as JSON, the order in which
+their preparations began, how the attempt ended, what the start's preparations returned
+(the objects frozen), within 60 s, and what the worker answers ``awaken_prepared`` while
+they go on and after; then exits, the hung preparation still on its thread.
 
     python -m tests.start_preparations DATABASE_FILE
 """
@@ -35,6 +36,7 @@ from runs import domain  # noqa: E402
 from runs.models import Run, RunState  # noqa: E402
 from runs.runtime import executor as executors  # noqa: E402
 from runs.runtime.agent import Agent, register  # noqa: E402
+from runs.workers.commands import awaken_prepared  # noqa: E402
 
 BEGUN: list[str] = []
 GATE_BEGUN = threading.Event()
@@ -68,21 +70,22 @@ def main() -> dict:
     executors.PREPARE_WAIT = 3.0
     run, _ = domain.run_create(agent=WANTED.name, input={}, dispatch=False)
     waiting, _ = domain.run_create(agent=HUNG.name, input={}, dispatch=False)
-    executor = executors.Executor(node="start", lease_seconds=3600, db_threads=1,
-                                  prepare_all=True)
+    executor = executors.get_executor(node="start")
     GATE_BEGUN.wait(60)
+    asked = [awaken_prepared(None)]
     executor.start([run.id, waiting.id])
     try:
         frozen = executor.prepared_all.result(timeout=60)
     except TimeoutError:
         frozen = None
+    asked.append(awaken_prepared(None))
     deadline = time.monotonic() + 60
     while (run := Run.objects.get(pk=run.id)).state != RunState.ENDED:
         if time.monotonic() > deadline:
             break
         time.sleep(0.01)
     return {"begun": BEGUN, "end_cause": run.end_cause, "output": run.output,
-            "frozen": frozen}
+            "frozen": frozen, "asked": asked}
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import threading
-from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
@@ -81,22 +80,22 @@ def test_the_start_prepares_a_waiting_attempts_agent_first_and_goes_past_a_hung_
     assert (result["end_cause"], result["output"]) == ("completed", {"ran": "wanted"})
     assert result["frozen"] > 100_000, result  # the hung preparation kept no freeze
     assert program.stderr.count("test.start.hung still preparing after 3 s") == 1
+    # What the worker answers awaken_prepared while its start still prepares, and after.
+    assert result["asked"][0] == {"prepared": False, "seconds": None}
+    assert result["asked"][1]["prepared"] and 3 < result["asked"][1]["seconds"] < 60
 
 
-def test_a_worker_says_it_is_prepared_once_its_start_has_prepared_every_agent(monkeypatch):
-    """``celery inspect awaken_prepared``: not before the process's executor exists, nor
-    from one that prepares nothing as it starts, nor while its start still prepares."""
+def test_a_worker_without_the_processs_executor_says_it_is_not_prepared(monkeypatch):
+    """The remote-control command ``awaken_prepared``, before the process's executor
+    exists and from one that prepares nothing as it starts (as a test makes one); the
+    process's own says so once prepared (the test above)."""
     from runs.workers import commands
 
     executor = None
     monkeypatch.setattr(commands, "current_executor", lambda: executor)
-    assert commands.awaken_prepared(None) == {"prepared": False}
-    executor = SimpleNamespace(prepared_all=None)  # an executor made without prepare_all
-    assert commands.awaken_prepared(None) == {"prepared": False}
-    executor = SimpleNamespace(prepared_all=Future())
-    assert commands.awaken_prepared(None) == {"prepared": False}
-    executor.prepared_all.set_result(300_000)
-    assert commands.awaken_prepared(None) == {"prepared": True}
+    assert commands.awaken_prepared(None) == {"prepared": False, "seconds": None}
+    executor = SimpleNamespace(prepared_in=None)  # as Executor(prepare_all=False) stays
+    assert commands.awaken_prepared(None) == {"prepared": False, "seconds": None}
 
 
 PREPARING = threading.Event()  # set by test.prepare.slow's preparation once it has begun

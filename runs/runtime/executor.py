@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import traceback
 from concurrent.futures import Future
 from urllib.parse import urlsplit
@@ -91,6 +92,8 @@ class Executor:
         # The process's executor (get_executor) also prepares every agent of the catalogue
         # from its start, so that no run waits for its framework's import; done when all
         # of it is made and frozen out of the collector's passes (_prepare_all).
+        self._began = time.monotonic()
+        self.prepared_in: float | None = None  # seconds from the start to the freeze
         self.prepared_all = self.worker_loop.submit(self._prepare_all()) if prepare_all else None
         self.worker_loop.submit(self.leases.renew_forever())
 
@@ -305,8 +308,9 @@ class Executor:
                                        0 if preparing in given_up else None)
         gc.freeze()  # moves the collector's lists whole, in no time
         frozen = gc.get_freeze_count()
-        log.info("prepared %d of %d agents; %d objects frozen out of the collector's passes",
-                 prepared, len(agents), frozen)
+        self.prepared_in = time.monotonic() - self._began
+        log.info("prepared %d of %d agents in %.1f s; %d objects frozen out of the "
+                 "collector's passes", prepared, len(agents), self.prepared_in, frozen)
         return frozen
 
     def _prepare(self, agent: type[Agent]) -> None:

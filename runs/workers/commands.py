@@ -64,12 +64,13 @@ def start_the_executor(sender, **kwargs):
 def awaken_prepared(state):
     """Whether this worker has prepared every agent of the catalogue as it started, and
     frozen what that made (``runs.runtime.executor``): warm, its runs wait for no
-    framework's import. Asked through Celery's remote control
-    (``app.control.broadcast("awaken_prepared", reply=True)``), as ``harness.processes``
-    asks before a benchmark. (A prefork pool's parent runs no attempt: never.)"""
+    framework's import; and how many seconds that took from the executor's start. Asked
+    through Celery's remote control (``app.control.broadcast("awaken_prepared",
+    reply=True)``), as ``harness.processes`` asks before a benchmark. (A prefork pool's
+    parent runs no attempt: never.)"""
     executor = current_executor()
-    prepared = executor is not None and executor.prepared_all is not None
-    return {"prepared": prepared and executor.prepared_all.done()}
+    seconds = None if executor is None else executor.prepared_in
+    return {"prepared": seconds is not None, "seconds": seconds}
 
 
 def pool_shortfall(*, pool, concurrency: int, db_threads: int) -> str | None:

@@ -760,15 +760,16 @@ class Command(BaseCommand):
         from its create to its first model call (a framework's agent imports its framework
         at its first run); a cancel of another live run of the same worker, sent as soon as
         the first run is seen running, to its committed end; and the same once the first
-        run is in its model call, the worker warm."""
-        rows = []
+        run is in its model call, the worker warm. Also how long each worker's start took
+        to prepare every agent, from its executor's start to the freeze."""
+        rows, prepared = [], []
         with StubServer() as server:
             stub = server.stub
             env = {"AWAKEN_PROVIDER_BASE_URL": server.url, "AWAKEN_PROVIDER_MODEL": "echo+hang"}
             for agent in self.chat_agents():
                 called, committed, warm = [], [], []
                 for _ in range(rounds):
-                    with self.system(extra_env=env, warm=False) as (web, _):
+                    with self.system(extra_env=env, warm=False) as (web, [worker]):
                         client = Client(web.port, self.token)
                         other = self.live_run(client)
                         last = max((call.number for call in stub.calls), default=0)
@@ -783,13 +784,17 @@ class Command(BaseCommand):
                             f"the first model call of {agent}")
                         called.append((call.started - created) * 1000)
                         warm.append(self.cancel_committed(client, self.live_run(client)))
+                        prepared.append(1000 * wait_until(
+                            worker.prepared_seconds, 120, "the worker's preparations"))
                 rows += [("first run", f"{agent}: create -> its first model call", called,
                           "a fresh worker"),
                          ("first run", f"cancel of another live run -> committed, as "
                           f"{agent}'s first run starts", committed, ""),
                          ("first run", "the same once that run is in its model call",
                           warm, "")]
-        return rows
+        return rows + [("first run", "a fresh worker: its start's preparations, from its "
+                        "executor's start to the freeze", prepared,
+                        "the demo catalogue")]
 
     def live_run(self, client) -> str:
         run_id = self.create(client, "demo.hang")
