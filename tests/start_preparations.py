@@ -1,7 +1,6 @@
-"""Run as a program by ``tests/test_preparation.py``: the preparations of a process's
-executor as it starts (``Executor(prepare_all=True)``, as ``get_executor`` makes it), in a
-fresh process on an SQLite database of its own, with four agents of its own registered
-after the catalogue's:
+"""Run as a program by ``tests/test_preparation.py``: the preparations of the process's
+executor as it starts (``get_executor``), in a fresh process on an SQLite database of its
+own, with five agents of its own registered after the catalogue's:
 
 * ``gate``, whose preparation waits (10 s at most) until ``wanted``'s has begun;
 * ``hung``, whose preparation never returns, an attempt of which waits for it;
@@ -9,10 +8,10 @@ after the catalogue's:
 * ``wanted``, an attempt of which is started once the gate's preparation has begun,
   when the start's preparations have come to the program's agents, as is hung's.
 
-The executor is the process's own (``get_executor``). Prints, as JSON, the order in which
-their preparations began, how the attempt ended, what the start's preparations returned
-(the objects frozen), within 60 s, and what the worker answers ``awaken_prepared`` while
-they go on and after; then exits, the hung preparation still on its thread.
+Prints, as JSON, the order in which their preparations began, how the attempt ended, what
+the start's preparations returned (the objects frozen), within 60 s, and what the worker
+answers ``awaken_prepared`` while they go on and after; then exits, the hung preparation
+still on its thread.
 
     python -m tests.start_preparations DATABASE_FILE
 """
