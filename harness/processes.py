@@ -349,13 +349,13 @@ class Worker(Process):
 
     def prepared_seconds(self) -> float | None:
         """How long its start took to prepare every agent, as it answers
-        ``runs.workers.commands.awaken_prepared``; None until then (or unreachable)."""
+        ``runs.workers.readiness.awaken_prepared``; None until then (or unreachable)."""
         try:
             replies = self.control.broadcast("awaken_prepared", destination=[self.node],
                                              reply=True, timeout=0.5)
         except self.control.app.connection_for_write().connection_errors:
             return None
-        return next((reply[self.node]["seconds"] for reply in replies if self.node in reply),
+        return next((reply[self.node].get("seconds") for reply in replies if self.node in reply),
                     None)
 
     def take(self, run_id) -> None:

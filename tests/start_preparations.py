@@ -35,7 +35,7 @@ from runs import domain  # noqa: E402
 from runs.models import Run, RunState  # noqa: E402
 from runs.runtime import executor as executors  # noqa: E402
 from runs.runtime.agent import Agent, register  # noqa: E402
-from runs.workers.commands import awaken_prepared  # noqa: E402
+from runs.workers.readiness import awaken_prepared  # noqa: E402
 
 BEGUN: list[str] = []
 GATE_BEGUN = threading.Event()

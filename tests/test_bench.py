@@ -30,7 +30,7 @@ from harness.management.commands.bench import (
     parameters_bench,
     process_environment,
 )
-from harness.processes import WORKER_ENV, Busy, alone_on_the_database
+from harness.processes import ROOT, WORKER_ENV, Busy, alone_on_the_database
 from harness.writes import LIFECYCLES, writes_bench
 from runs.domain import sql
 from runs.domain.totals import totals
@@ -248,10 +248,15 @@ def test_the_processes_start_with_the_variables_asked_for_and_the_table_names_th
     with command.system_of(1, 1) as ([web], [worker]):
         environ = Path(f"/proc/{web.pid}/environ").read_bytes().split(b"\0")
         worker_environ = Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0")
-        # Handed over warm: every agent prepared as the worker started.
-        [reply] = worker.control.broadcast("awaken_prepared", destination=[worker.node],
-                                           reply=True, timeout=5)
-        assert reply[worker.node]["prepared"] and reply[worker.node]["seconds"] > 0
+        # Handed over warm: every agent prepared as the worker started, as the command
+        # line an operator would use says.
+        asked = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "awaken_site", "inspect", "awaken_prepared",
+             "-d", worker.node, "--json"], cwd=ROOT, env=worker.env, capture_output=True,
+            text=True, timeout=60)
+        assert asked.returncode == 0, asked.stderr[-2000:]
+        reply = json.loads(asked.stdout.strip().splitlines()[-1])[worker.node]
+        assert reply["prepared"] and reply["seconds"] > 0
     # The last value of a name wins over the first and over the Procfile's malloc.
     assert b"PYTHONMALLOC=pymalloc" in environ
     assert b"AWAKEN_BENCH_MARK=a=b" in environ

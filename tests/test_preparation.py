@@ -89,13 +89,14 @@ def test_a_worker_without_the_processs_executor_says_it_is_not_prepared(monkeypa
     """The remote-control command ``awaken_prepared``, before the process's executor
     exists and from one that prepares nothing as it starts (as a test makes one); the
     process's own says so once prepared (the test above)."""
-    from runs.workers import commands
+    from runs.runtime import executor as executors
+    from runs.workers.readiness import awaken_prepared
 
     executor = None
-    monkeypatch.setattr(commands, "current_executor", lambda: executor)
-    assert commands.awaken_prepared(None) == {"prepared": False, "seconds": None}
+    monkeypatch.setattr(executors, "current_executor", lambda: executor)
+    assert awaken_prepared(None) == {"prepared": False, "seconds": None}
     executor = SimpleNamespace(prepared_in=None)  # as Executor(prepare_all=False) stays
-    assert commands.awaken_prepared(None) == {"prepared": False, "seconds": None}
+    assert awaken_prepared(None) == {"prepared": False, "seconds": None}
 
 
 PREPARING = threading.Event()  # set by test.prepare.slow's preparation once it has begun

@@ -13,7 +13,7 @@ import time
 
 from celery.concurrency import get_implementation
 from celery.signals import worker_init
-from celery.worker.control import control_command, inspect_command
+from celery.worker.control import control_command
 from django.conf import settings
 from django.db import close_old_connections
 
@@ -58,19 +58,6 @@ def start_the_executor(sender, **kwargs):
     shows the process from its start. (A prefork pool's tasks would run in its children.)"""
     if get_implementation(sender.pool_cls) is get_implementation("threads"):
         get_executor(node=node_name)
-
-
-@inspect_command()
-def awaken_prepared(state):
-    """Whether this worker has prepared every agent of the catalogue as it started, and
-    frozen what that made (``runs.runtime.executor``): warm, its runs wait for no
-    framework's import; and how many seconds that took from the executor's start. Asked
-    through Celery's remote control (``app.control.broadcast("awaken_prepared",
-    reply=True)``), as ``harness.processes`` asks before a benchmark. (A prefork pool's
-    parent runs no attempt: never.)"""
-    executor = current_executor()
-    seconds = None if executor is None else executor.prepared_in
-    return {"prepared": seconds is not None, "seconds": seconds}
 
 
 def pool_shortfall(*, pool, concurrency: int, db_threads: int) -> str | None:
