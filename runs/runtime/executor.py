@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 import traceback
-from concurrent.futures import Future
+from functools import partial
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -45,7 +45,7 @@ from runs.runtime.leases import LeaseRenewer
 from runs.runtime.loop import WorkerLoop
 from runs.runtime.registry import Entry, Registry
 from runs.runtime.token import CancellationToken, Why
-from runs.runtime.tool_threads import TOOL_THREADS, ToolsExhausted, ToolThreads
+from runs.runtime.tool_threads import TOOL_THREADS, ToolsExhausted, ToolThreads, on_a_thread
 
 __all__ = ["Executor", "ToolsExhausted", "current_executor", "get_executor"]
 
@@ -78,7 +78,7 @@ class Executor:
                                    capacity=self.capacity)
         self._provider: ChatClient | None = None
         # Each agent's preparation in this process (Agent.prepare), by its class, on a
-        # thread of its own (_on_a_thread): one agent's slow preparation does not hold up
+        # thread of its own (on_a_thread): one agent's slow preparation does not hold up
         # another's, and one that never returns does not hold up the process's exit.
         self._prepared: dict[type[Agent], asyncio.Future] = {}
         self._awaited: set[asyncio.Future] = set()  # preparations attempts wait for
@@ -86,9 +86,9 @@ class Executor:
         # (metering.prepare) and the price table (prices.prepare), which an attempt waits
         # for as for its agent's preparation, and the change stream (stream.prepare), which
         # a run's first commit publishes to.
-        self._connections_prepared = _on_a_thread(_prepared, metering.prepare)
-        self._prices_prepared = _on_a_thread(_prepared, prices.prepare)
-        self._stream_prepared = _on_a_thread(_prepared, stream.prepare)
+        self._connections_prepared = _preparing(metering.prepare)
+        self._prices_prepared = _preparing(prices.prepare)
+        self._stream_prepared = _preparing(stream.prepare)
         # The process's executor (get_executor) also prepares every agent of the catalogue
         # from its start, so that no run waits for its framework's import; done when all
         # of it is made and frozen out of the collector's passes (_prepare_all).
@@ -257,8 +257,9 @@ class Executor:
         agent's first attempt here, again after one that failed; its error, if it failed."""
         preparing = self._preparation(agent)
         if not preparing.done():
-            self._awaited.add(preparing)  # first in the start's turn (_prepare_all)
-            preparing.add_done_callback(self._awaited.discard)
+            if preparing not in self._awaited:  # first in the start's turn (_prepare_all)
+                self._awaited.add(preparing)
+                preparing.add_done_callback(self._awaited.discard)
             # Shielded: a cancel of this attempt does not cancel the others' wait.
             await ctx.race(asyncio.shield(preparing))
         preparing.result()
@@ -270,7 +271,8 @@ class Executor:
         if preparing is None or (preparing.done() and (preparing.cancelled()
                                                        or preparing.exception() is not None)):
             preparing = self._prepared[agent] = asyncio.wrap_future(
-                _on_a_thread(self._prepare, agent), loop=self.loop)
+                on_a_thread(partial(self._prepare, agent), name="awaken-prepare"),
+                loop=self.loop)
         return preparing
 
     async def _prepare_all(self) -> int:
@@ -292,7 +294,7 @@ class Executor:
         cycles the imports left (25 to 172 objects a framework's agent). A full pass first
         would free the latter, but holds every attempt of the process for as long as one
         (100 ms and more), so there is none."""
-        # The process's own preparations log their failures (_prepared).
+        # The process's own preparations log their failures (_preparing).
         await _in_time("the process's own parts", asyncio.shield(asyncio.gather(*map(
             asyncio.wrap_future, (self._connections_prepared, self._prices_prepared,
                                   self._stream_prepared)))))
@@ -409,31 +411,16 @@ async def _in_time(what: str, preparing, seconds: float | None = None) -> bool:
     return False
 
 
-def _on_a_thread(fn, *args) -> Future:
-    """``fn(*args)`` on a daemon thread of its own, its outcome in the future returned:
-    a preparation that never returns keeps its thread, and the process still exits."""
-    future = Future()
-    future.set_running_or_notify_cancel()
-
-    def call():
+def _preparing(prepare):
+    """``prepare()``, one of the process's own preparations, begun on a thread of its own.
+    A failure is logged: the first call that needs the part makes it then, on the loop."""
+    def logged():
         try:
-            result = fn(*args)
-        except BaseException as error:  # handed to whoever waits for the preparation
-            future.set_exception(error)
-        else:
-            future.set_result(result)
+            prepare()
+        except Exception:
+            log.exception("could not prepare %s.%s", prepare.__module__, prepare.__name__)
 
-    threading.Thread(target=call, name="awaken-prepare", daemon=True).start()
-    return future
-
-
-def _prepared(prepare) -> None:
-    """``prepare()``, one of the process's own preparations, on a preparing thread. A
-    failure is logged: the first call that needs the part makes it then, on the loop."""
-    try:
-        prepare()
-    except Exception:
-        log.exception("could not prepare %s.%s", prepare.__module__, prepare.__name__)
+    return on_a_thread(logged, name="awaken-prepare")
 
 
 def _provider_failure(error: BaseException) -> ProviderError | None:

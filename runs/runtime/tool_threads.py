@@ -11,6 +11,8 @@ ends ``failed``, saying so), until some return.
 
 import asyncio
 import threading
+from concurrent.futures import Future
+from functools import partial
 
 TOOL_THREADS = 64
 # Abandoned threads that may be out at once, per slot.
@@ -41,16 +43,8 @@ class ToolThreads:
         await self._slots.acquire()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-
-        def call():
-            result, error = None, None
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as raised:  # handed to the awaiting attempt
-                error = raised
-            loop.call_soon_threadsafe(self._returned, future, result, error)
-
-        threading.Thread(target=call, name="awaken-tool", daemon=True).start()
+        on_a_thread(partial(fn, *args, **kwargs), name="awaken-tool").add_done_callback(
+            lambda done: loop.call_soon_threadsafe(self._returned, future, done))
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -59,14 +53,33 @@ class ToolThreads:
                 self._slots.release()  # replaced: the next call starts a thread of its own
             raise
 
-    def _returned(self, future, result, error) -> None:  # on the loop
+    def _returned(self, future, done: Future) -> None:  # on the loop
         if future in self._abandoned:
             self._abandoned.discard(future)  # its slot was given back when it was abandoned
         else:
             self._slots.release()
         if future.done():
             return
-        if error is not None:
-            future.set_exception(error)
+        if done.exception() is not None:
+            future.set_exception(done.exception())
         else:
-            future.set_result(result)
+            future.set_result(done.result())
+
+
+def on_a_thread(call, *, name: str) -> Future:
+    """``call()`` on a daemon thread of its own, its outcome (whatever it raises too) in
+    the future returned: a call that never returns keeps its thread, and the process still
+    exits. Blocking tools run so, and agents' preparations (``runs.runtime.executor``)."""
+    outcome = Future()
+    outcome.set_running_or_notify_cancel()
+
+    def run():
+        try:
+            result = call()
+        except BaseException as error:  # handed to whoever waits for the outcome
+            outcome.set_exception(error)
+        else:
+            outcome.set_result(result)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return outcome
