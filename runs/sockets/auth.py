@@ -123,18 +123,17 @@ class StreamAuth:
         key = presented_token(scope)
         if key is not None:
             return await self.token_app(await with_token_holder(scope, key), receive, send)
+        return await self.browser(scope, receive, send)
+
+    async def browser(self, scope, receive, send):
         return await self.browser_app(scope, receive, send)
 
 
-class SocketAuth:
-    def __init__(self, inner):
-        self.token_app = inner
-        self.browser_app = AuthMiddlewareStack(inner)
+class SocketAuth(StreamAuth):
+    """Who is asking, on a websocket handshake: as on a stream, except that a browser's
+    session counts only from this site's own origin (a socket is opened by any page)."""
 
-    async def __call__(self, scope, receive, send):
-        key = presented_token(scope)
-        if key is not None:
-            return await self.token_app(await with_token_holder(scope, key), receive, send)
+    async def browser(self, scope, receive, send):
         if not origin_allowed(scope):
             return await WebsocketDenier()(scope, receive, send)
-        return await self.browser_app(scope, receive, send)
+        return await super().browser(scope, receive, send)
