@@ -14,7 +14,7 @@ from runs import domain
 from runs.api.listing import RunFilter
 from runs.api.permissions import IsOperator
 from runs.api.serializers import NoBodySerializer, QueryInteger, StrictSerializer
-from runs.api.views import ERRORS, OperatorPostMixin, actor, query, source, validated
+from runs.api.views import ERRORS, OperatorPostMixin, actor, page, query, source, validated
 from runs.domain.representation import bulk_data
 from runs.models import BulkAction, BulkState
 
@@ -109,12 +109,7 @@ class BulkListView(OperatorPostMixin, APIView):
         """Bulk jobs, newest first, with who started them and how they went."""
         params = query(BulkListQuery, request)
         jobs, cursor = domain.bulk_jobs(cursor=params.get("cursor"), limit=params["limit"])
-        next_url = None
-        if cursor:
-            page = request.query_params.copy()
-            page["cursor"] = cursor
-            next_url = request.build_absolute_uri(f"{request.path}?{page.urlencode()}")
-        return Response({"results": [bulk_data(job) for job in jobs], "next": next_url})
+        return page(request, [bulk_data(job) for job in jobs], cursor)
 
     @extend_schema(operation_id="bulk_create", request=BulkCreateSerializer,
                    responses={201: BulkJobSerializer, **ERRORS})

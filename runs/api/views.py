@@ -31,6 +31,17 @@ def query(serializer_class, request) -> dict:
     return serializer.validated_data
 
 
+def page(request, results: list, cursor: str | None) -> Response:
+    """A page of a list: its ``results``, and under ``next`` the same request's URL with
+    ``cursor`` in place of its own, or None on the last page."""
+    next_url = None
+    if cursor:
+        params = request.query_params.copy()
+        params["cursor"] = cursor
+        next_url = request.build_absolute_uri(f"{request.path}?{params.urlencode()}")
+    return Response({"results": results, "next": next_url})
+
+
 def validated(serializer_class, request):
     serializer = serializer_class(data=request.data)
     serializer.is_valid(raise_exception=True)
@@ -61,15 +72,10 @@ class RunListView(OperatorPostMixin, APIView):
         """Runs matching the filters, newest first unless sorted otherwise."""
         filters = listing.run_search(request)
         limit, cursor, sort = filters.pop("limit"), filters.pop("cursor", None), filters.pop("sort")
-        page, next_cursor = selectors.run_list(
+        runs, next_cursor = selectors.run_list(
             filters=filters, cursor=cursor, limit=limit, sort=sort,
             payload_bytes=settings.AWAKEN_LIST_PAYLOAD_BYTES)
-        next_url = None
-        if next_cursor:
-            params = request.query_params.copy()
-            params["cursor"] = next_cursor
-            next_url = request.build_absolute_uri(f"{request.path}?{params.urlencode()}")
-        return Response({"results": [run_data(run) for run in page], "next": next_url})
+        return page(request, [run_data(run) for run in runs], next_cursor)
 
     @extend_schema(
         request=s.RunCreateSerializer,
