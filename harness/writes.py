@@ -20,14 +20,24 @@ of them alike. All of it runs in one transaction: the relation locks are taken o
 where a lifecycle's transactions each take their own. Those are counted apart: the
 relation locks that a create, a claim and an end take, and how many of them fall outside
 the backend's fast-path slots.
+
+Last, what the transitions themselves cost the server, each in its own transaction as the
+API and the workers make them: the CPU of the benchmark's own backend (the scheduler's
+count in /proc, so the server must be on this machine) for a create, a claim and an end of
+a run, one run at a time and ``TOGETHER`` at once (one create statement and one claim for
+them all, as a batch's request and a shared task message make them; each end is a run's
+own either way), beside a ``SELECT 1``, the protocol's own floor.
 """
 
 import re
+from contextlib import contextmanager
 
 from django.db import connection, transaction
 from django.utils import timezone
 
+from harness.processes import cpu_ns
 from runs import domain
+from runs.domain import outside
 from runs.domain.core import Ending
 from runs.domain.sql import quoted
 from runs.models import EndCause, Run
@@ -50,6 +60,8 @@ WRITES = ("update", "insert")
 # Lifecycles whose locks are counted: by the last, psycopg has prepared their statements
 # (at the fifth use) and PostgreSQL plans them generically (after five custom plans).
 LIFECYCLES = 15
+TOGETHER = 50  # runs created and claimed together: a batch's request, a shared message
+SPEC = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
 
 
 def writes_bench(writes: int) -> list:
@@ -87,7 +99,7 @@ def writes_bench(writes: int) -> list:
     rows = [("writes", f"{BLOCK} {write}s of a run: {labels[target]}", samples[write, target],
              "one statement each, timed in the database")
             for write in WRITES for target in targets]
-    return rows + _lock_rows()
+    return rows + _lock_rows() + _transition_rows(writes)
 
 
 def _counts(cursor, table: str) -> tuple[int, int]:
@@ -179,3 +191,76 @@ def _lock_rows() -> list:
              f"{last[1]} of them past the fast-path slots; the first time on the connection "
              f"{first[0]} ({first[1]})")
             for name, (first, *_, last) in counted.items()]
+
+
+def _transition_rows(runs: int) -> list:
+    """The backend's CPU, µs a run, for the create, the claim and the end of ``runs`` runs
+    (rounded down to a multiple of ``TOGETHER``, and at least that), first one run at a
+    time, then ``TOGETHER`` at once; each phase after as many again unmeasured, so that
+    psycopg has prepared its statements and PostgreSQL's plans are generic, as on a
+    long-lived connection. No worker is asked to take the runs: this process claims and
+    ends them all itself."""
+    runs = max(TOGETHER, runs // TOGETHER * TOGETHER)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (backend,) = cursor.fetchone()
+
+    def spent(each, items, per: int = 1):
+        """Backend µs per run of ``each(item)`` for the second half of ``items``."""
+        half = len(items) // 2
+        done = [each(item) for item in items[:half]]
+        before = cpu_ns(backend)
+        done += [each(item) for item in items[half:]]
+        return (cpu_ns(backend) - before) / 1e3 / ((len(items) - half) * per), done
+
+    def select_one(_):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+
+    def claim(ids):
+        return domain.attempts_start(run_ids=ids, owner="bench-writes", lease_seconds=60)
+
+    def end(attempt):
+        domain.attempt_finish(run_id=attempt.run_id, generation=attempt.generation,
+                              ending=Ending.completed())
+
+    def alone(_):
+        return [domain.run_create(**SPEC, dispatch=False, source="cli")[0]]
+
+    def together(_):
+        return domain.runs_create(runs=[SPEC] * TOGETHER, source="cli")
+
+    costs = {}
+    with _handed_to_nobody():
+        costs["SELECT 1"], _ = spent(select_one, range(2 * runs))
+        for way, size, create in (("alone", 1, alone), (f"{TOGETHER} together", TOGETHER,
+                                                          together)):
+            costs["create", way], made = spent(create, range(2 * runs // size), size)
+            ids = [[str(run.id) for run in group] for group in made]
+            costs["claim", way], claimed = spent(claim, ids, size)
+            costs["end", way], _ = spent(end, [attempt for group in claimed for attempt in group])
+    note = f"the benchmark's backend, {runs} runs a way after as many unmeasured"
+    return [("writes", "PostgreSQL CPU µs a statement: SELECT 1", costs.pop("SELECT 1"),
+             "the protocol's own floor; " + note)] + [
+        ("writes", f"PostgreSQL CPU µs a run: its {name}, {way}", cost,
+         "its own transaction; " + note) for (name, way), cost in costs.items()]
+
+
+class _Nobody:
+    """Workers that take nothing: the runs created here are claimed by this process."""
+
+    def runs_queued(self, *, runs):
+        pass
+
+
+@contextmanager
+def _handed_to_nobody():
+    """The domain's workers interface plugged to ``_Nobody`` meanwhile, so that a batch's
+    create (which hands its runs on after its commit) leaves no task message behind."""
+    plugged = outside.workers
+    outside.connect(workers=_Nobody())
+    try:
+        yield
+    finally:
+        outside.connect(workers=plugged)

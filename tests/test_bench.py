@@ -31,8 +31,8 @@ from harness.management.commands.bench import (
     process_environment,
 )
 from harness.processes import ROOT, WORKER_ENV, Busy, alone_on_the_database
-from harness.writes import LIFECYCLES, writes_bench
-from runs.domain import sql
+from harness.writes import LIFECYCLES, TOGETHER, writes_bench
+from runs.domain import outside, sql
 from runs.domain.totals import totals
 from runs.models import Attempt, Event, Run
 from tests.conftest import ON_POSTGRES
@@ -282,12 +282,17 @@ def test_the_writes_part_refuses_a_database_other_than_postgresql():
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_the_writes_part_times_each_copy_of_the_runs_table_and_leaves_nothing_behind():
+def test_the_writes_part_times_each_copy_of_the_runs_table_and_leaves_nothing_behind(
+        monkeypatch):
     """``bench writes`` imports its runs, copies, updates and inserts them in one transaction
-    that it rolls back: afterwards only the runs whose locks it counted are left, ended,
-    and the totals of /metrics still count what the table holds."""
+    that it rolls back: afterwards only the runs whose locks it counted, and those whose
+    transitions it timed, are left, ended, none of them handed to a worker, and the totals
+    of /metrics still count what the table holds."""
+    handed = []
+    plugged = outside.workers
+    monkeypatch.setattr(plugged, "runs_queued", lambda *, runs: handed.extend(runs))
     rows = writes_bench(200)
-    writes, locks = rows[:12], rows[12:]
+    writes, locks, transitions = rows[:12], rows[12:15], rows[15:]
     assert [name.split(": ", 1)[0] for _, name, _, _ in writes] == (
         ["100 updates of a run"] * 6 + ["100 inserts of a run"] * 6)
     assert [name.split(": ", 1)[1].split()[1] for _, name, _, _ in writes] == [
@@ -303,8 +308,17 @@ def test_the_writes_part_times_each_copy_of_the_runs_table_and_leaves_nothing_be
         assert 0 < total <= first and 0 <= shared <= total
     # A plan made afresh locks every index of the runs table, a generic one those it uses.
     assert locks[2][2] < int(locks[2][3].split("connection ")[1].split()[0])
+    assert [name for _, name, _, _ in transitions] == [
+        "PostgreSQL CPU µs a statement: SELECT 1",
+        *(f"PostgreSQL CPU µs a run: its {name}, {way}" for way in ("alone", f"{TOGETHER} together")
+          for name in ("create", "claim", "end"))]
+    assert all(cost > 0 for _, _, cost, _ in transitions)
+    # 200 runs measured each way after 200 unmeasured, each created, claimed and ended here.
     assert set(Run.objects.values_list("state", "end_cause")) == {("ended", "completed")}
-    assert totals()["runs"] == {("ended", "completed"): LIFECYCLES}
+    assert totals()["runs"] == {("ended", "completed"): LIFECYCLES + 2 * 400}
+    assert Attempt.objects.count() == Attempt.objects.filter(
+        close_reason="completed").count() == LIFECYCLES + 2 * 400
+    assert handed == [] and outside.workers is plugged
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass('pg_temp.awaken_writes_whole')")
         assert cursor.fetchone() == (None,)
