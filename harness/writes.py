@@ -25,8 +25,9 @@ Last, what the transitions themselves cost the server, each in its own transacti
 API and the workers make them: the CPU of the benchmark's own backend (the scheduler's
 count in /proc, so the server must be on this machine) for a create, a claim and an end of
 a run, one run at a time and ``TOGETHER`` at once (one create statement and one claim for
-them all, as a batch's request and a shared task message make them; each end is a run's
-own either way), beside a ``SELECT 1``, the protocol's own floor.
+them all, as a batch's request and a shared task message make them; their ends in one
+transaction, which the workers do not do: what sharing it would save), beside a
+``SELECT 1``, the protocol's own floor.
 """
 
 import re
@@ -196,7 +197,8 @@ def _lock_rows() -> list:
 def _transition_rows(runs: int) -> list:
     """The backend's CPU, µs a run, for the create, the claim and the end of ``runs`` runs
     (rounded down to a multiple of ``TOGETHER``, and at least that), first one run at a
-    time, then ``TOGETHER`` at once; each phase after as many again unmeasured, so that
+    time, then ``TOGETHER`` at once (their ends in one transaction); each phase after as
+    many again unmeasured, so that
     psycopg has prepared its statements and PostgreSQL's plans are generic, as on a
     long-lived connection. No worker is asked to take the runs: this process claims and
     ends them all itself."""
@@ -221,9 +223,16 @@ def _transition_rows(runs: int) -> list:
     def claim(ids):
         return domain.attempts_start(run_ids=ids, owner="bench-writes", lease_seconds=60)
 
-    def end(attempt):
-        domain.attempt_finish(run_id=attempt.run_id, generation=attempt.generation,
-                              ending=Ending.completed())
+    def end(attempts):
+        for attempt in attempts:
+            domain.attempt_finish(run_id=attempt.run_id, generation=attempt.generation,
+                                  ending=Ending.completed())
+
+    def end_together(attempts):
+        """The attempts' ends in one transaction: ``attempt_finish`` nests each in a
+        savepoint of it, as it would inside any caller's transaction."""
+        with transaction.atomic():
+            end(attempts)
 
     def alone(_):
         return [domain.run_create(**SPEC, dispatch=False, source="cli")[0]]
@@ -234,17 +243,20 @@ def _transition_rows(runs: int) -> list:
     costs = {}
     with _handed_to_nobody():
         costs["SELECT 1"], _ = spent(select_one, range(2 * runs))
-        for way, size, create in (("alone", 1, alone), (f"{TOGETHER} together", TOGETHER,
-                                                          together)):
+        for way, size, create, ending in (
+                ("alone", 1, alone, end), (f"{TOGETHER} together", TOGETHER, together,
+                                           end_together)):
             costs["create", way], made = spent(create, range(2 * runs // size), size)
             ids = [[str(run.id) for run in group] for group in made]
             costs["claim", way], claimed = spent(claim, ids, size)
-            costs["end", way], _ = spent(end, [attempt for group in claimed for attempt in group])
+            costs["end", way], _ = spent(ending, claimed, size)
     note = f"the benchmark's backend, {runs} runs a way after as many unmeasured"
+    shared = {"alone": "a transaction of its own", f"{TOGETHER} together": (
+        f"one transaction for the {TOGETHER} (the ends each in a savepoint)")}
     return [("writes", "PostgreSQL CPU µs a statement: SELECT 1", costs.pop("SELECT 1"),
              "the protocol's own floor; " + note)] + [
         ("writes", f"PostgreSQL CPU µs a run: its {name}, {way}", cost,
-         "its own transaction; " + note) for (name, way), cost in costs.items()]
+         f"{shared[way]}; {note}") for (name, way), cost in costs.items()]
 
 
 class _Nobody:
