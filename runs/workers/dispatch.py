@@ -206,17 +206,44 @@ def send_command(*, run_id, generation: int, owner: str, command: str,
                                      + settings.AWAKEN_DELIVERY_TIMEOUT})
 
 
+# Replies a command's collection may pass over before its own: late answers to earlier
+# commands of this thread, which reach the same reply queue (kombu names it after the
+# thread and an object's address, which the next call's mailbox often takes again).
+STALE_REPLIES = 16
+
+
+class _Answered(Exception):
+    """The answer to this command came: stop collecting (raised from the reply callback)."""
+
+
 def _ask_owner(*, node: str, arguments: dict, reply: bool = True) -> bool:
     """On a broker thread: the remote-control command to one worker node, and its answer
-    (whether the attempt took it) if ``reply``."""
+    (whether the attempt took it) if ``reply``.
+
+    Only this command's own answer ends the wait, at once. The collection under Celery's
+    ``broadcast`` counts every reply it reads against ``limit``, this command's or
+    another's, so with ``limit=1`` a late answer to an earlier command (a worker thawed
+    after the asker gave up) ended the wait with no answer, and the command was reported
+    not taken while the worker went on to take it. The limit is left wide and the
+    callback, which sees only this command's replies, stops the collection when its answer
+    is in."""
     threads = broker_threads()
+    answers = []
+
+    def answered(body):
+        answers.append(body)
+        raise _Answered
+
     try:
-        replies = current_app.control.broadcast(
-            COMMAND, arguments=arguments, destination=[node], reply=reply, limit=1,
-            timeout=settings.AWAKEN_DELIVERY_TIMEOUT, connection=threads.broker()) or []
+        current_app.control.broadcast(
+            COMMAND, arguments=arguments, destination=[node], reply=reply,
+            limit=STALE_REPLIES, callback=answered, timeout=settings.AWAKEN_DELIVERY_TIMEOUT,
+            connection=threads.broker())
+    except _Answered:
+        pass
     except Exception:
         threads.forget_broker()
         log.warning("live %s for run %s not sent", arguments["command"], arguments["run_id"],
                     exc_info=True)
         return False
-    return any(answer.get("applied") for reply in replies for answer in reply.values())
+    return any(answer.get("applied") for body in answers for answer in body.values())
