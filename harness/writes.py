@@ -235,7 +235,7 @@ def _transition_rows(runs: int) -> list:
             end(attempts)
 
     def alone(_):
-        return [domain.run_create(**SPEC, dispatch=False, source="cli")[0]]
+        return [domain.run_create(**SPEC, source="cli")[0]]
 
     def together(_):
         return domain.runs_create(runs=[SPEC] * TOGETHER, source="cli")
