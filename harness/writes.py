@@ -26,7 +26,7 @@ API and the workers make them: the CPU of the benchmark's own backend (the sched
 count in /proc, so the server must be on this machine) for a create, a claim and an end of
 a run, one run at a time and ``TOGETHER`` at once (one create statement and one claim for
 them all, as a batch's request and a shared task message make them; their ends in one
-transaction, which the workers do not do: what sharing it would save), beside a
+transaction, as a worker gathers the ends that come together), beside a
 ``SELECT 1``, the protocol's own floor.
 """
 
@@ -229,10 +229,11 @@ def _transition_rows(runs: int) -> list:
                                   ending=Ending.completed())
 
     def end_together(attempts):
-        """The attempts' ends in one transaction: ``attempt_finish`` nests each in a
-        savepoint of it, as it would inside any caller's transaction."""
-        with transaction.atomic():
-            end(attempts)
+        """The attempts' ends in one transaction, as a worker gathers those that come
+        together."""
+        domain.attempts_finish(ends=[
+            {"run_id": attempt.run_id, "generation": attempt.generation,
+             "ending": Ending.completed()} for attempt in attempts])
 
     def alone(_):
         return [domain.run_create(**SPEC, source="cli")[0]]
@@ -252,7 +253,7 @@ def _transition_rows(runs: int) -> list:
             costs["end", way], _ = spent(ending, claimed, size)
     note = f"the benchmark's backend, {runs} runs a way after as many unmeasured"
     shared = {"alone": "a transaction of its own", f"{TOGETHER} together": (
-        f"one transaction for the {TOGETHER} (the ends each in a savepoint)")}
+        f"one transaction for the {TOGETHER} (their runs locked by one statement)")}
     return [("writes", "PostgreSQL CPU µs a statement: SELECT 1", costs.pop("SELECT 1"),
              "the protocol's own floor; " + note)] + [
         ("writes", f"PostgreSQL CPU µs a run: its {name}, {way}", cost,

@@ -16,10 +16,12 @@ from harness.processes import wait_until
 from runs import domain
 from runs.domain import Ending, sql
 from runs.models import (
+    Activity,
     Attempt,
     AttemptState,
     CloseReason,
     ControlIntent,
+    EndCause,
     Event,
     EventKind,
     ResumeTicket,
@@ -664,3 +666,78 @@ def test_a_last_step_and_the_end_commit_in_one_transaction_not_two():
     assert (commits_of(two_writes), commits_of(together)) == (2, 1)
     for run in alone + folded:
         assert kinds(run)[-2:] == ["step", "ended"]
+
+
+# --- the ends of a worker's attempts in one transaction ------------------------------------
+
+
+def end_of(run, generation=1, **end) -> dict:
+    return {"run_id": run.id, "generation": generation,
+            "ending": end.pop("ending", Ending.completed({"n": 1})), **end}
+
+
+def test_ends_together_write_what_each_would_write_alone():
+    alone, together = running_run()[0], [running_run()[0] for _ in range(3)]
+    noted = [{"kind": "progress", "text": "1 of 2"}, {"kind": "model", "text": "m", "ms": 3}]
+    domain.attempt_finish(**end_of(alone, step=LAST_STEP, activity=noted))
+    assert domain.attempts_finish(ends=[end_of(run, step=LAST_STEP, activity=noted)
+                                        for run in together]) == [True] * 3
+
+    def written(run):
+        run = Run.objects.get(pk=run.id)
+        events = Event.objects.filter(run_id=run.id).order_by("seq")
+        return (run.state, run.end_cause, run.output, run.version, run.steps, run.tokens,
+                [(e.kind, e.version, e.state, e.end_cause, e.actor) for e in events],
+                list(Activity.objects.filter(run=run).order_by("seq")
+                     .values_list("kind", "text", "generation")))
+
+    assert all(written(run) == written(alone) for run in together)
+    assert written(alone)[1] == EndCause.COMPLETED
+
+
+def test_an_end_of_an_attempt_no_longer_live_is_refused_and_the_others_commit():
+    first, moved_on, last = (running_run()[0] for _ in range(3))
+    domain.run_cancel(run_id=moved_on.id, actor="olga", source="api")
+    domain.attempt_interrupted(run_id=moved_on.id, generation=1)
+    ended = Run.objects.get(pk=moved_on.id)
+    assert domain.attempts_finish(ends=[end_of(first), end_of(moved_on, step=LAST_STEP),
+                                        end_of(last)]) == [True, False, True]
+    assert Run.objects.get(pk=moved_on.id).version == ended.version
+    assert Run.objects.get(pk=moved_on.id).end_cause == EndCause.CANCELLED
+    assert {Run.objects.get(pk=run.id).end_cause for run in (first, last)} == {
+        EndCause.COMPLETED}
+
+
+def test_the_answers_follow_the_ends_not_the_order_their_runs_are_locked_in():
+    runs = sorted((running_run()[0] for _ in range(6)), key=lambda run: str(run.id),
+                  reverse=True)
+    stale = {runs[0].id, runs[2].id}  # not where the lock order would put them
+    answers = domain.attempts_finish(ends=[end_of(run, generation=2 if run.id in stale else 1)
+                                           for run in runs])
+    assert answers == [run.id not in stale for run in runs]
+    assert [Run.objects.get(pk=run.id).state for run in runs] == [
+        RunState.RUNNING if run.id in stale else RunState.ENDED for run in runs]
+
+
+@pytest.mark.parametrize("wrong", ["the same run twice", "no such run", "not an id"])
+def test_a_wrong_batch_of_ends_commits_none_of_them(wrong):
+    runs = [running_run()[0] for _ in range(2)]
+    ends = [end_of(run) for run in runs]
+    extra = {"the same run twice": end_of(runs[0]),
+             "no such run": {**end_of(runs[0]), "run_id": uuid.uuid4()},
+             "not an id": {**end_of(runs[0]), "run_id": "../x"}}[wrong]
+    before = db_state()
+    error = ValueError if wrong == "the same run twice" else domain.RunNotFound
+    with pytest.raises(error):
+        domain.attempts_finish(ends=[*ends, extra])
+    assert db_state() == before
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_ends_together_commit_in_one_transaction():
+    """Counted by PostgreSQL itself, as the step's is above."""
+    batches = [[running_run()[0] for _ in range(4)] for _ in range(3)]
+    assert commits_of(lambda i: domain.attempts_finish(
+        ends=[end_of(run) for run in batches[i]])) == 1
+    assert {run.end_cause for run in Run.objects.all()} == {EndCause.COMPLETED}

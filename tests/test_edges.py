@@ -914,6 +914,60 @@ def test_a_step_refused_on_its_delay_stops_the_attempt_in_its_wait():
     assert [event.kind for event in events] == ["created", "started", "ended"]
 
 
+# --- the ends of attempts that end together ------------------------------------------------
+
+
+TOGETHER: dict = {}  # the executor loop's gate, and how many attempts wait at it
+
+
+@register
+class EndsWithOthers(Agent):
+    """Waits at a gate shared with the other attempts, then answers: all end at once."""
+
+    name = "test.edges.ends_with_others"
+
+    async def run(self, ctx):
+        gate = TOGETHER.setdefault("gate", asyncio.Event())
+        TOGETHER["waiting"] = TOGETHER.get("waiting", 0) + 1
+        await gate.wait()
+        return {"n": ctx.input["n"]}
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_attempts_that_end_together_commit_their_ends_together_each_as_its_own():
+    """Ends that come together go in one transaction (those that come while it is written
+    in the next); each run ends once, with its own answer."""
+    from harness.processes import wait_until
+    from runs.runtime.executor import Executor
+
+    TOGETHER.clear()
+    runs = [domain.run_create(agent=EndsWithOthers.name, input={"n": n}, dispatch=False)[0]
+            for n in range(8)]
+    executor = Executor(node="edges-ends", lease_seconds=3600, db_threads=2)
+    ends, db = [], executor.worker_loop.db
+
+    async def recorded(fn, /, **kwargs):
+        if fn in (domain.attempt_finish, domain.attempts_finish):
+            ends.append([str(end["run_id"]) for end in kwargs.get("ends", [kwargs])])
+        return await db(fn, **kwargs)
+
+    executor.worker_loop.db = recorded
+    try:
+        assert executor.start([run.id for run in runs]) == 8
+        wait_until(lambda: TOGETHER.get("waiting") == 8, 20, "the attempts to wait")
+        executor.loop.call_soon_threadsafe(TOGETHER["gate"].set)
+        wait_until(lambda: len(executor.registry) == 0, 20, "the attempts to end")
+    finally:
+        executor.close()
+    assert sorted(sum(ends, [])) == sorted(str(run.id) for run in runs)
+    assert max(map(len, ends)) > 1, ends
+    for n, run in enumerate(runs):
+        run = Run.objects.get(pk=run.id)
+        assert (run.state, run.end_cause, run.output) == (RunState.ENDED, "completed", {"n": n})
+        assert Event.objects.filter(run=run, kind="ended").count() == 1
+
+
 # --- a worker's connection pool ------------------------------------------------------------
 
 

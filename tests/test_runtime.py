@@ -1,11 +1,15 @@
-"""The in-process pieces: cancellation tokens, the registry, and waits raced against them."""
+"""The in-process pieces: cancellation tokens, the registry, waits raced against them, and
+the ends of attempts gathered into one transaction."""
 
 import asyncio
 import threading
 
 import pytest
 
+from runs import domain
+from runs.domain import Ending
 from runs.runtime.agent import Context, Interrupted
+from runs.runtime.ends import GATHER, Ends
 from runs.runtime.registry import Entry, Registry
 from runs.runtime.token import CancellationToken, Why
 
@@ -141,3 +145,132 @@ def test_pause_sets_the_signal_observed_at_the_next_boundary():
     registry.apply("r", 1, "pause", actor="olga")
     assert current.pause_requested.is_set() and current.pause_actor == "olga"
     assert not current.token.cancelled
+
+
+# --- the ends of a worker's attempts, gathered while one is written -----------------------
+
+
+class HeldDb:
+    """A worker loop's ``db`` that holds every call until let go: the calls, and answers as
+    the database would give them (an end of generation 1 is committed; run "gone" is
+    not found; a batch fails when ``batches_fail``)."""
+
+    def __init__(self, batches_fail=False):
+        self.calls: list[tuple[str, object]] = []
+        self.go = asyncio.Event()
+        self.batches_fail = batches_fail
+
+    async def db(self, fn, /, **kwargs):
+        if fn is domain.attempts_finish:
+            self.calls.append((fn.__name__, [end["run_id"] for end in kwargs["ends"]]))
+        else:
+            self.calls.append((fn.__name__, kwargs["run_id"]))
+        await self.go.wait()
+        if fn is domain.attempts_finish:
+            if self.batches_fail:
+                raise domain.RunNotFound("No run with id 'gone'.")
+            return [end["generation"] == 1 for end in kwargs["ends"]]
+        if kwargs["run_id"] == "gone":
+            raise domain.RunNotFound("No run with id 'gone'.")
+        return kwargs["generation"] == 1
+
+
+async def until(condition, turns=1000):
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("not reached")
+
+
+def ended(ends, run_id, generation=1, **kwargs):
+    return asyncio.ensure_future(ends.finish(run_id=run_id, generation=generation,
+                                             ending=Ending.completed(), **kwargs))
+
+
+def test_ends_that_come_while_one_is_written_are_written_together():
+    async def main():
+        db = HeldDb()
+        ends = Ends(db)
+        first = ended(ends, "a")
+        await until(lambda: db.calls)
+        later = [ended(ends, run_id, generation) for run_id, generation
+                 in (("b", 1), ("c", 2), ("d", 1))]
+        await until(lambda: len(ends._waiting) == 3)
+        db.go.set()
+        answers = await asyncio.gather(first, *later)
+        assert db.calls == [("attempt_finish", "a"), ("attempts_finish", ["b", "c", "d"])]
+        assert answers == [True, True, False, True]
+        assert await ended(ends, "e") and db.calls[-1] == ("attempt_finish", "e")
+
+    asyncio.run(main())
+
+
+def test_an_end_of_a_child_run_and_a_second_end_of_a_run_are_never_gathered():
+    async def main():
+        db = HeldDb()
+        ends = Ends(db)
+        first = ended(ends, "a")
+        await until(lambda: db.calls)
+        child = ended(ends, "child", parent_id="a")
+        await until(lambda: len(db.calls) == 2)  # at once, beside the end being written
+        again = [ended(ends, "b"), ended(ends, "b", 2), ended(ends, "c")]
+        await until(lambda: len(ends._waiting) == 3)
+        db.go.set()
+        assert await asyncio.gather(first, child, *again) == [True, True, True, False, True]
+        assert db.calls == [("attempt_finish", "a"), ("attempt_finish", "child"),
+                            ("attempts_finish", ["b", "c"]), ("attempt_finish", "b")]
+
+    asyncio.run(main())
+
+
+def test_at_most_a_gathering_of_ends_goes_in_one_transaction():
+    async def main():
+        db = HeldDb()
+        ends = Ends(db)
+        first = ended(ends, "a")
+        await until(lambda: db.calls)
+        later = [ended(ends, f"r{i}") for i in range(GATHER + 10)]
+        await until(lambda: len(ends._waiting) == GATHER + 10)
+        db.go.set()
+        assert all(await asyncio.gather(first, *later))
+        assert [len(run_ids) for name, run_ids in db.calls[1:]] == [GATHER, 10]
+
+    asyncio.run(main())
+
+
+def test_a_gathering_that_fails_is_written_end_by_end_each_with_its_own_answer():
+    async def main():
+        db = HeldDb(batches_fail=True)
+        ends = Ends(db)
+        first = ended(ends, "a")
+        await until(lambda: db.calls)
+        later = [ended(ends, "b"), ended(ends, "gone"), ended(ends, "c", 2)]
+        await until(lambda: len(ends._waiting) == 3)
+        db.go.set()
+        answers = await asyncio.gather(first, *later, return_exceptions=True)
+        assert answers[:2] == [True, True] and answers[3] is False
+        assert isinstance(answers[2], domain.RunNotFound)
+        assert db.calls[1:] == [("attempts_finish", ["b", "gone", "c"]),
+                                ("attempt_finish", "b"), ("attempt_finish", "gone"),
+                                ("attempt_finish", "c")]
+
+    asyncio.run(main())
+
+
+def test_ends_waiting_on_a_writer_cancelled_with_the_loop_do_not_wait_for_ever():
+    async def main():
+        db = HeldDb()
+        ends = Ends(db)
+        first = ended(ends, "a")
+        await until(lambda: db.calls)
+        waiting = ended(ends, "b")
+        await until(lambda: ends._waiting)
+        ends._writer.cancel()
+        for end in (first, waiting):
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(end, 10)  # a deadline: a TimeoutError fails
+        db.go.set()
+        assert await ended(ends, "c")  # a new writer for the next
+
+    asyncio.run(main())

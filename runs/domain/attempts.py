@@ -26,18 +26,27 @@ from runs.domain.core import (
     end_children,
     finish,
     locked_run,
+    locked_runs,
     locked_runs_at,
     pending_intent,
+    read_control,
     record,
     record_each,
     record_intent,
     release_claim,
+    run_key,
     run_keys,
 )
-from runs.domain.errors import Fenced, InvalidRequest, WorkerDraining, WorkerNotFound
+from runs.domain.errors import (
+    Fenced,
+    InvalidRequest,
+    RunNotFound,
+    WorkerDraining,
+    WorkerNotFound,
+)
 from runs.domain.receipts import Trace
 from runs.domain.schemas import check_schema
-from runs.domain.text import short_id
+from runs.domain.text import quoted_id, short_id
 from runs.models import (
     ActivityKind,
     AppliedVia,
@@ -352,8 +361,44 @@ def attempt_finish(*, run_id, generation: int, ending: Ending, actor: str | None
     event (with the activity) before the ``ended`` one, and in the same statement
     (``sql.together``). It is refused with the end when the attempt is not the live one
     any more, as ``attempt_step`` would refuse it alone."""
-    with transaction.atomic(), sql.together():
-        run = locked_run(run_id)
+    with transaction.atomic():
+        return _finish_locked(locked_run(run_id), generation=generation, ending=ending,
+                              actor=actor, source=source, trace=trace, step=step,
+                              activity=activity)
+
+
+def attempts_finish(*, ends: list[dict]) -> list[bool]:
+    """``attempt_finish`` for several runs whose attempts end together on one worker,
+    each ``ends`` item its arguments: one transaction, the runs locked by one statement,
+    then each end as it would be alone, in the order of the runs' ids (the order every
+    statement that locks several runs or their attempts takes them in). Whether each was
+    committed, in the order of ``ends``.
+
+    One end a run, and no run an ancestor of another: an end locks the children it ends
+    after every run of the statement, and a transaction that ends an ancestor (a cancel)
+    locks them the other way round. A worker gathers the ends of runs with no parent. An
+    error ends them all: nothing is committed, and the caller may make each alone."""
+    keys = [run_key(end["run_id"]) for end in ends]
+    if len(set(keys)) < len(keys):
+        raise ValueError("One end a run in a transaction.")
+    committed = [False] * len(ends)
+    with transaction.atomic():
+        runs = {run.pk: run for run in locked_runs(keys)}
+        for index in sorted(range(len(ends)), key=lambda index: str(keys[index])):
+            end = dict(ends[index])
+            run = runs.get(keys[index])
+            if run is None:
+                raise RunNotFound(f"No run with id {quoted_id(end.pop('run_id'))}.")
+            del end["run_id"]
+            committed[index] = _finish_locked(read_control(run), **end)
+    return committed
+
+
+def _finish_locked(run: Run, *, generation: int, ending: Ending, actor: str | None = None,
+                   source: str | None = "worker", trace: Trace | None = None,
+                   step: dict | None = None, activity: list[dict] = ()) -> bool:
+    """``attempt_finish`` of ``run``, locked by the caller's transaction."""
+    with sql.together():
         if step is not None and run.state == RunState.RUNNING and run.generation == generation:
             _record_step(run, **step, activity=list(activity))
             run, activity = _apart(run), ()  # the step's statement wrote the activity

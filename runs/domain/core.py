@@ -57,12 +57,16 @@ def locked_run(run_id) -> Run:
     PostgreSQL re-reads the locked row once that one commits but not the rows joined to
     it, so a joined intent could be stale.
     """
-    try:
-        run = sql.lock(Run, Run._meta.pk.to_python(run_id))
-    except ValidationError:  # not a UUID
-        run = None
+    key = run_key(run_id)
+    run = None if key is None else sql.lock(Run, key)
     if run is None:
         raise RunNotFound(f"No run with id {quoted_id(run_id)}.")
+    return read_control(run)
+
+
+def read_control(run: Run) -> Run:
+    """``run``, locked, with its newest control intent read (``locked_run`` says why
+    apart from the lock)."""
     if run.control_id is not None:  # pending, unless the run has ended
         run.control = sql.get(ControlIntent, run.control_id)
     return run
@@ -83,13 +87,15 @@ def locked_runs_at(run_ids) -> tuple[list[Run], object]:
 def run_keys(run_ids) -> list:
     """The primary keys of ``run_ids``, once each and in order; what is not a UUID (no
     such run) left out."""
-    pks = set()
-    for run_id in run_ids:
-        try:
-            pks.add(Run._meta.pk.to_python(run_id))
-        except ValidationError:  # not a UUID: no such run
-            continue
-    return sorted(pks)
+    return sorted({key for key in map(run_key, run_ids) if key is not None})
+
+
+def run_key(run_id):
+    """The primary key of ``run_id``; None for what is not a UUID (no such run)."""
+    try:
+        return Run._meta.pk.to_python(run_id)
+    except ValidationError:
+        return None
 
 
 def record(

@@ -10,6 +10,7 @@ puts the parts together; each does one job in a module of its own:
 * ``leases.LeaseRenewer``: every attempt's lease, and pending requests found on renewal;
 * ``tool_threads.ToolThreads``: threads for blocking tools, abandoned ones counted;
 * ``children.Children``: child runs started by an attempt, in this process;
+* ``ends.Ends``: the ends of attempts, in one transaction when they come together;
 * ``attempt_host.AttemptHost``: the host interface (``host.Host``) an attempt's context
   calls, one per attempt;
 * the provider client, shared by the attempts of the process, with its connections;
@@ -41,6 +42,7 @@ from runs.providers.client import ChatClient, ProviderConfig, ProviderError
 from runs.runtime.agent import Agent, BudgetExceeded, Context, Interrupted, Paused
 from runs.runtime.attempt_host import AttemptHost
 from runs.runtime.children import Children
+from runs.runtime.ends import Ends
 from runs.runtime.leases import LeaseRenewer
 from runs.runtime.loop import WorkerLoop
 from runs.runtime.registry import Entry, Registry
@@ -68,6 +70,7 @@ class Executor:
         self.registry = Registry()
         self.worker_loop = WorkerLoop(db_threads=db_threads or settings.AWAKEN_DB_THREADS)
         self.loop = self.worker_loop.loop
+        self.ends = Ends(self.worker_loop)
         self.tool_threads = ToolThreads(tool_threads or TOOL_THREADS)
         self.children = Children(db=self.worker_loop.db, owner=self.owner,
                                  lease_seconds=self.lease_seconds, launch=self.launch,
@@ -191,9 +194,9 @@ class Executor:
             # last transition are written with the end.
             step = await host.last_step()
             noted = await host.activity_log.taken()
-            finished = await db(domain.attempt_finish, run_id=run_id, generation=generation,
-                                ending=Ending.completed(output), trace=ctx.stop_trace(),
-                                step=step, activity=noted)
+            finished = await self.ends.finish(
+                run_id=run_id, generation=generation, ending=Ending.completed(output),
+                trace=ctx.stop_trace(), step=step, activity=noted, parent_id=view.parent_id)
             host.step_ended()
             if step is not None and not finished:  # refused as its step would be alone
                 token.cancel(Why("fenced"))
@@ -242,7 +245,7 @@ class Executor:
             if provider is not None:
                 await self._provider_failed(run_id, generation, summary, provider, noted)
             else:
-                await self._fail(run_id, generation, summary, noted)
+                await self._fail(run_id, generation, summary, noted, view.parent_id)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -385,11 +388,11 @@ class Executor:
         except Exception:
             log.exception("run %s: could not record its provider's failure", run_id)
 
-    async def _fail(self, run_id, generation, error: str, noted: list[dict]):
+    async def _fail(self, run_id, generation, error: str, noted: list[dict], parent_id):
         try:
-            await self.worker_loop.db(domain.attempt_finish, run_id=run_id,
-                                      generation=generation, ending=Ending.failed(error),
-                                      activity=noted)
+            await self.ends.finish(run_id=run_id, generation=generation,
+                                   ending=Ending.failed(error), activity=noted,
+                                   parent_id=parent_id)
         except Exception:
             log.exception("run %s: could not record its failure", run_id)
 
