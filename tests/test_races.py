@@ -236,6 +236,41 @@ def test_overlapping_claims_take_each_run_once_and_never_deadlock(gang):
                 assert run.state in (RunState.QUEUED, RunState.ENDED)
 
 
+def test_ends_written_together_by_several_workers_end_each_run_once(gang):
+    """Six threads each end four of six running runs in one transaction, in an order of
+    their own, while a cancel and a stop race them (duplicated ends, as after a lost
+    message): no deadlock, each run ends once, and the one answered True wrote it."""
+    threads = gang(8)
+    rng = random.Random(5)
+    for _ in range(50):
+        runs = [running_run()[0].id for _ in range(6)]
+        taken = [rng.sample(runs, 4) for _ in range(6)]
+
+        def ender(index):
+            def op():
+                return ("ends", index, domain.attempts_finish(ends=[
+                    {"run_id": run_id, "generation": 1,
+                     "ending": Ending.completed({"by": index})} for run_id in taken[index]]))
+            return op
+
+        results = threads.run([ender(i) for i in range(6)]
+                              + [canceller(runs[0]), stopper(runs[1])])
+        assert not [r for r in results if isinstance(r, Exception)], results
+        won = {}
+        for kind, index, answers in results:
+            if kind == "ends":
+                for run_id, answer in zip(taken[index], answers, strict=True):
+                    if answer:
+                        assert run_id not in won, (run_id, results)
+                        won[run_id] = index
+        for run_id in runs:
+            run = check_run_history(run_id)
+            if any(run_id in mine for mine in taken):
+                assert (run.end_cause, run.output) == ("completed", {"by": won[run_id]})
+            else:
+                assert run.state == RunState.RUNNING and run_id not in won
+
+
 @pytest.mark.parametrize("parent_state", ["running", "awaiting"])
 def test_a_parent_ending_and_a_child_naming_it_never_deadlock(parent_state):
     """A child's transaction holds the child's lock and has written an intent naming its
