@@ -253,7 +253,8 @@ def _transition_rows(runs: int) -> list:
             costs["end", way], _ = spent(ending, claimed, size)
     note = f"the benchmark's backend, {runs} runs a way after as many unmeasured"
     shared = {"alone": "a transaction of its own", f"{TOGETHER} together": (
-        f"one transaction for the {TOGETHER} (their runs locked by one statement)")}
+        f"one transaction for the {TOGETHER}, as a batch's create, a shared message's claim "
+        "and a worker's gathered ends make it")}
     return [("writes", "PostgreSQL CPU µs a statement: SELECT 1", costs.pop("SELECT 1"),
              "the protocol's own floor; " + note)] + [
         ("writes", f"PostgreSQL CPU µs a run: its {name}, {way}", cost,
