@@ -188,74 +188,54 @@ def ended(ends, run_id, generation=1, **kwargs):
                                              ending=Ending.completed(), **kwargs))
 
 
-def test_ends_that_come_while_one_is_written_are_written_together():
-    async def main():
-        db = HeldDb()
-        ends = Ends(db)
-        first = ended(ends, "a")
-        await until(lambda: db.calls)
-        later = [ended(ends, run_id, generation) for run_id, generation
-                 in (("b", 1), ("c", 2), ("d", 1))]
-        await until(lambda: len(ends._waiting) == 3)
-        db.go.set()
-        answers = await asyncio.gather(first, *later)
-        assert db.calls == [("attempt_finish", "a"), ("attempts_finish", ["b", "c", "d"])]
-        assert answers == [True, True, False, True]
-        assert await ended(ends, "e") and db.calls[-1] == ("attempt_finish", "e")
+async def behind_a_held_end(db, later, *, child=False) -> list:
+    """The answers of run "a"'s end and of the ends of ``later`` ((run id, generation)
+    pairs), which come while a's is held in ``db``; with a child run's end before them if
+    ``child``, which must not wait."""
+    ends = Ends(db)
+    first = [ended(ends, "a")]
+    await until(lambda: db.calls)
+    if child:
+        first.append(ended(ends, "child", parent_id="a"))
+        await until(lambda: len(db.calls) == 2)  # at once, beside the end being written
+    waiting = [ended(ends, run_id, generation) for run_id, generation in later]
+    await until(lambda: len(ends._waiting) == len(later))
+    db.go.set()
+    answers = await asyncio.gather(*first, *waiting, return_exceptions=True)
+    assert await ended(ends, "next") and db.calls[-1] == ("attempt_finish", "next")
+    del db.calls[-1]  # the writer is free again: the next end goes at once, alone
+    return answers
 
-    asyncio.run(main())
+
+def test_ends_that_come_while_one_is_written_are_written_together():
+    db = HeldDb()
+    answers = asyncio.run(behind_a_held_end(db, [("b", 1), ("c", 2), ("d", 1)]))
+    assert db.calls == [("attempt_finish", "a"), ("attempts_finish", ["b", "c", "d"])]
+    assert answers == [True, True, False, True]
 
 
 def test_an_end_of_a_child_run_and_a_second_end_of_a_run_are_never_gathered():
-    async def main():
-        db = HeldDb()
-        ends = Ends(db)
-        first = ended(ends, "a")
-        await until(lambda: db.calls)
-        child = ended(ends, "child", parent_id="a")
-        await until(lambda: len(db.calls) == 2)  # at once, beside the end being written
-        again = [ended(ends, "b"), ended(ends, "b", 2), ended(ends, "c")]
-        await until(lambda: len(ends._waiting) == 3)
-        db.go.set()
-        assert await asyncio.gather(first, child, *again) == [True, True, True, False, True]
-        assert db.calls == [("attempt_finish", "a"), ("attempt_finish", "child"),
-                            ("attempts_finish", ["b", "c"]), ("attempt_finish", "b")]
-
-    asyncio.run(main())
+    db = HeldDb()
+    answers = asyncio.run(behind_a_held_end(db, [("b", 1), ("b", 2), ("c", 1)], child=True))
+    assert answers == [True, True, True, False, True]
+    assert db.calls == [("attempt_finish", "a"), ("attempt_finish", "child"),
+                        ("attempts_finish", ["b", "c"]), ("attempt_finish", "b")]
 
 
 def test_at_most_a_gathering_of_ends_goes_in_one_transaction():
-    async def main():
-        db = HeldDb()
-        ends = Ends(db)
-        first = ended(ends, "a")
-        await until(lambda: db.calls)
-        later = [ended(ends, f"r{i}") for i in range(GATHER + 10)]
-        await until(lambda: len(ends._waiting) == GATHER + 10)
-        db.go.set()
-        assert all(await asyncio.gather(first, *later))
-        assert [len(run_ids) for name, run_ids in db.calls[1:]] == [GATHER, 10]
-
-    asyncio.run(main())
+    db = HeldDb()
+    answers = asyncio.run(behind_a_held_end(db, [(f"r{i}", 1) for i in range(GATHER + 10)]))
+    assert all(answers)
+    assert [len(run_ids) for name, run_ids in db.calls[1:]] == [GATHER, 10]
 
 
 def test_a_gathering_that_fails_is_written_end_by_end_each_with_its_own_answer():
-    async def main():
-        db = HeldDb(batches_fail=True)
-        ends = Ends(db)
-        first = ended(ends, "a")
-        await until(lambda: db.calls)
-        later = [ended(ends, "b"), ended(ends, "gone"), ended(ends, "c", 2)]
-        await until(lambda: len(ends._waiting) == 3)
-        db.go.set()
-        answers = await asyncio.gather(first, *later, return_exceptions=True)
-        assert answers[:2] == [True, True] and answers[3] is False
-        assert isinstance(answers[2], domain.RunNotFound)
-        assert db.calls[1:] == [("attempts_finish", ["b", "gone", "c"]),
-                                ("attempt_finish", "b"), ("attempt_finish", "gone"),
-                                ("attempt_finish", "c")]
-
-    asyncio.run(main())
+    db = HeldDb(batches_fail=True)
+    answers = asyncio.run(behind_a_held_end(db, [("b", 1), ("gone", 1), ("c", 2)]))
+    assert answers[:2] == [True, True] and answers[3] is False
+    assert isinstance(answers[2], domain.RunNotFound)
+    assert db.calls[1:] == [("attempts_finish", ["b", "gone", "c"]), ("attempt_finish", "b"),
+                            ("attempt_finish", "gone"), ("attempt_finish", "c")]
 
 
 def test_ends_waiting_on_a_writer_cancelled_with_the_loop_do_not_wait_for_ever():
