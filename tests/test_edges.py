@@ -930,20 +930,19 @@ class EndsWithOthers(Agent):
         gate = TOGETHER.setdefault("gate", asyncio.Event())
         TOGETHER["waiting"] = TOGETHER.get("waiting", 0) + 1
         await gate.wait()
-        return {"n": ctx.input["n"]}
+        return {"n": {ctx.input["n"]} if ctx.input.get("bad") else ctx.input["n"]}
 
 
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
-def test_attempts_that_end_together_commit_their_ends_together_each_as_its_own():
-    """Ends that come together go in one transaction (those that come while it is written
-    in the next); each run ends once, with its own answer."""
+def end_together(bad: int | None = None) -> tuple[list[Run], list[list[str]]]:
+    """Eight runs of ``EndsWithOthers`` on an executor of their own, let go at once (run
+    ``bad``'s output not JSON): the runs as they ended, and the run ids of each end's
+    domain call, in order."""
     from harness.processes import wait_until
     from runs.runtime.executor import Executor
 
     TOGETHER.clear()
-    runs = [domain.run_create(agent=EndsWithOthers.name, input={"n": n}, dispatch=False)[0]
-            for n in range(8)]
+    runs = [domain.run_create(agent=EndsWithOthers.name, input={"n": n, "bad": n == bad},
+                              dispatch=False)[0] for n in range(8)]
     executor = Executor(node="edges-ends", lease_seconds=3600, db_threads=2)
     ends, db = [], executor.worker_loop.db
 
@@ -960,12 +959,35 @@ def test_attempts_that_end_together_commit_their_ends_together_each_as_its_own()
         wait_until(lambda: len(executor.registry) == 0, 20, "the attempts to end")
     finally:
         executor.close()
+    for run in runs:
+        assert Event.objects.filter(run=run, kind="ended").count() == 1
+    return [Run.objects.get(pk=run.id) for run in runs], ends
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_attempts_that_end_together_commit_their_ends_together_each_as_its_own():
+    """Ends that come together go in one transaction (those that come while it is written
+    in the next); each run ends once, with its own answer."""
+    runs, ends = end_together()
     assert sorted(sum(ends, [])) == sorted(str(run.id) for run in runs)
     assert max(map(len, ends)) > 1, ends
-    for n, run in enumerate(runs):
-        run = Run.objects.get(pk=run.id)
-        assert (run.state, run.end_cause, run.output) == (RunState.ENDED, "completed", {"n": n})
-        assert Event.objects.filter(run=run, kind="ended").count() == 1
+    assert [(run.state, run.end_cause, run.output) for run in runs] == [
+        (RunState.ENDED, "completed", {"n": n}) for n in range(8)]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_end_that_cannot_be_written_fails_its_run_alone_and_the_others_complete(caplog):
+    """The shared transaction fails on the one output that is not JSON: nothing of it is
+    committed, each end is written again alone, and that run fails as it would alone."""
+    runs, ends = end_together(bad=3)
+    assert [(run.end_cause, run.output) for n, run in enumerate(runs) if n != 3] == [
+        ("completed", {"n": n}) for n in range(8) if n != 3]
+    assert runs[3].end_cause == "failed" and "TypeError" in runs[3].error, runs[3].error
+    gathered = next(i for i, call in enumerate(ends) if str(runs[3].id) in call)
+    assert len(ends[gathered]) > 1 and [str(runs[3].id)] in ends[gathered + 1:]
+    assert "ends not committed together" in caplog.text
 
 
 # --- a worker's connection pool ------------------------------------------------------------
