@@ -386,11 +386,10 @@ def attempts_finish(*, ends: list[dict]) -> list[bool]:
         runs = {run.pk: run for run in locked_runs(keys)}
         for index in sorted(range(len(ends)), key=lambda index: str(keys[index])):
             end = dict(ends[index])
-            run = runs.get(keys[index])
-            if run is None:
-                raise RunNotFound(f"No run with id {quoted_id(end.pop('run_id'))}.")
-            del end["run_id"]
-            committed[index] = _finish_locked(read_control(run), **end)
+            run_id = end.pop("run_id")
+            if keys[index] not in runs:
+                raise RunNotFound(f"No run with id {quoted_id(run_id)}.")
+            committed[index] = _finish_locked(read_control(runs[keys[index]]), **end)
     return committed
 
 

@@ -79,15 +79,23 @@ class Ends:
                             exc_info=True)
             else:
                 for (_, waiting), finished in zip(ends, committed, strict=True):
-                    if not waiting.done():
-                        waiting.set_result(finished)
+                    _answer(waiting, finished)
                 return
         for end, waiting in ends:
             try:
                 finished = await self.worker_loop.db(domain.attempt_finish, **end)
             except Exception as error:
-                if not waiting.done():
-                    waiting.set_exception(error)
+                _answer(waiting, error=error)
             else:
-                if not waiting.done():
-                    waiting.set_result(finished)
+                _answer(waiting, finished)
+
+
+def _answer(waiting: asyncio.Future, finished: bool | None = None, *,
+            error: Exception | None = None) -> None:
+    """Give an end's caller its answer, unless it stopped waiting (cancelled)."""
+    if waiting.done():
+        return
+    if error is not None:
+        waiting.set_exception(error)
+    else:
+        waiting.set_result(finished)
