@@ -413,20 +413,101 @@ def test_a_new_row_takes_each_value_and_default_as_the_constructor_does():
 
 
 @pytest.mark.postgres
-def test_together_joins_the_first_write_to_the_second_and_refuses_a_row_inserted_then_updated():
+def test_gathered_holds_the_writes_to_its_end_and_refuses_a_row_inserted_then_updated():
     run = queued_run()
     event = sql.new(Event, run=run, version=run.version + 1, kind=EventKind.STEP,
                     state=run.state, generation=0, data={"n": 1})
-    with transaction.atomic(), sql.together():
-        assert sql.write(sql.Insert((event,))) == []  # held: nothing written yet
-        assert not Event.objects.filter(run=run, kind=EventKind.STEP).exists()
-        run.version += 1
-        sql.write(sql.Update(run, ("version", "updated_at")))
+    answered = []
+    with transaction.atomic():
+        with sql.gathered():
+            assert sql.write(sql.Insert((event,))) is None  # held: nothing written yet
+            assert not Event.objects.filter(run=run, kind=EventKind.STEP).exists()
+            run.version += 1
+            sql.write(sql.Update(run, ("version", "updated_at")),
+                      sql.Keys(Run, {"id": run.pk}, {}), then=answered.append)
+            assert answered == [] and columns(run)["version"] == run.version - 1
+            with pytest.raises(ValueError, match="then"):  # a read needs somewhere to go
+                sql.write(sql.Exists(WebhookEndpoint, {"active": True}))
+        assert answered == [[[run.pk]]]
     assert columns(run)["version"] == run.version and columns(event)["data"] == {"n": 1}
 
     made = sql.new(Run, agent="demo.steps", input={}, dispatched_at=timezone.now(), version=1)
     with pytest.raises(ValueError, match="inserted is updated"), transaction.atomic():
-        with sql.together():
+        with sql.gathered():
             sql.write(sql.Insert((made,)))
             sql.write(sql.Update(made, ("version", "updated_at")))
     assert not Run.objects.filter(pk=made.pk).exists()
+
+
+@pytest.mark.postgres
+def test_gathered_drops_what_it_holds_when_its_block_fails():
+    run = queued_run()
+    run.version += 1
+    answered = []
+    with pytest.raises(RuntimeError), transaction.atomic():
+        with sql.gathered():
+            sql.write(sql.Update(run, ("version", "updated_at")),
+                      sql.Keys(Run, {"id": run.pk}, {}), then=answered.append)
+            raise RuntimeError
+    assert answered == [] and columns(run)["version"] == run.version - 1
+    with transaction.atomic():  # the block is closed: the next write is made at once
+        assert sql.write(sql.Keys(Run, {"id": run.pk}, {})) == [[run.pk]]
+
+
+@pytest.mark.postgres
+def test_gathered_writes_of_one_shape_are_one_part_and_each_gets_its_own_answers():
+    parents = [running_run() for _ in range(3)]
+    children = {run.pk: [queued_run(parent_id=run.pk).pk for _ in range(n)]
+                for n, (run, _) in enumerate(parents)}
+    WebhookEndpoint.objects.create(url="https://hooks.example.com/a", events=["run.ended"],
+                                   secret="s", active=True,
+                                   created_by=make_user("olga", "operator"))
+    now = timezone.now()
+    answered = []
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        with sql.gathered():
+            for run, generation in parents:
+                run.steps += 1
+                sql.write(sql.UpdateWhere(Attempt, {"state": AttemptState.CLOSED,
+                                                    "close_reason": CloseReason.COMPLETED,
+                                                    "closed_at": now},
+                                          {"run": run.pk, "generation": generation,
+                                           "state": AttemptState.LIVE}),
+                          sql.Update(run, ("steps",)),
+                          sql.Keys(Run, {"parent": run.pk}, {"state": RunState.ENDED}),
+                          sql.Exists(WebhookEndpoint, {"active": True}),
+                          then=answered.append)
+    [statement] = [q["sql"] for q in queries.captured_queries]
+    # The attempts, the runs, their children and whether an endpoint is active: 4 parts.
+    assert "part3 AS" in statement and "part4" not in statement
+    assert statement.count("UPDATE") == 2 and statement.count("LIMIT 1") == 1
+    assert answered == [[sorted(children[run.pk]), True] for run, _ in parents]
+    for run, generation in parents:
+        assert columns(run)["steps"] == run.steps
+        attempt = Attempt.objects.get(run=run, generation=generation)
+        assert (attempt.state, attempt.close_reason, attempt.closed_at) == (
+            AttemptState.CLOSED, CloseReason.COMPLETED, now)
+
+
+@pytest.mark.postgres
+def test_the_statement_of_gathered_writes_is_the_same_for_two_rows_or_fifty():
+    def statement(n):
+        parts = []
+        for _ in range(n):
+            key = uuid.uuid4()
+            parts += [sql.UpdateWhere(Attempt, {"state": "closed"},
+                                      {"run": key, "generation": 1}),
+                      sql.Keys(Run, {"parent": key}, {"state": RunState.ENDED})]
+        sent = []
+
+        def kept(execute, text, params, many, context):
+            sent.append(text)
+            return execute(text, params, many, context)
+
+        with transaction.atomic(), connection.execute_wrapper(kept), sql.gathered():
+            for write, read in zip(parts[::2], parts[1::2], strict=True):
+                sql.write(write, read, then=lambda answers: None)
+        [made] = sent
+        return made
+
+    assert statement(2) == statement(50) != statement(1)

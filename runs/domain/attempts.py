@@ -359,7 +359,7 @@ def attempt_finish(*, run_id, generation: int, ending: Ending, actor: str | None
     ``step``: the attempt's last step, not written yet (``attempt_step``'s arguments but
     the run's and the generation): written first in the same transaction, its ``step``
     event (with the activity) before the ``ended`` one, and in the same statement
-    (``sql.together``). It is refused with the end when the attempt is not the live one
+    (``sql.gathered``). It is refused with the end when the attempt is not the live one
     any more, as ``attempt_step`` would refuse it alone."""
     with transaction.atomic():
         return _finish_locked(locked_run(run_id), generation=generation, ending=ending,
@@ -371,7 +371,8 @@ def attempts_finish(*, ends: list[dict]) -> list[bool]:
     """``attempt_finish`` for several runs whose attempts end together on one worker,
     each ``ends`` item its arguments: one transaction, the runs locked by one statement,
     then each end as it would be alone, in the order of the runs' ids (the order every
-    statement that locks several runs or their attempts takes them in). Whether each was
+    statement that locks several runs or their attempts takes them in), all written by one
+    statement (``sql.gathered``), then the children of each ended. Whether each was
     committed, in the order of ``ends``.
 
     One end a run, and no run an ancestor of another: an end locks the children it ends
@@ -382,7 +383,7 @@ def attempts_finish(*, ends: list[dict]) -> list[bool]:
     if len(set(keys)) < len(keys):
         raise ValueError("One end a run in a transaction.")
     committed = [False] * len(ends)
-    with transaction.atomic():
+    with transaction.atomic(), sql.gathered():
         runs = {run.pk: run for run in locked_runs(keys)}
         for index in sorted(range(len(ends)), key=lambda index: str(keys[index])):
             end = dict(ends[index])
@@ -397,7 +398,7 @@ def _finish_locked(run: Run, *, generation: int, ending: Ending, actor: str | No
                    source: str | None = "worker", trace: Trace | None = None,
                    step: dict | None = None, activity: list[dict] = ()) -> bool:
     """``attempt_finish`` of ``run``, locked by the caller's transaction."""
-    with sql.together():
+    with sql.gathered():
         if step is not None and run.state == RunState.RUNNING and run.generation == generation:
             _record_step(run, **step, activity=list(activity))
             run, activity = _apart(run), ()  # the step's statement wrote the activity

@@ -112,7 +112,7 @@ def record(
     the ``activity`` entries of its live attempt that the change follows (in the same
     statement)."""
     return _transition([run], kind, fields=fields, actor=actor, source=source,
-                       data=lambda _: dict(data or {}), activity=activity)[0][0]
+                       data=lambda _: dict(data or {}), activity=activity)[0]
 
 
 def record_each(runs: list[Run], kind: str, *, fields: tuple[str, ...] = (),
@@ -122,20 +122,21 @@ def record_each(runs: list[Run], kind: str, *, fields: tuple[str, ...] = (),
     message's runs): the runs' updates and the insert of all their events in one statement
     (``sql.write``), with the writes ``also`` made in it first (the claim's attempts)."""
     return _transition(runs, kind, fields=fields, actor=actor, source=source,
-                       data=lambda run: dict(data or {}), also=also)[0]
+                       data=lambda run: dict(data or {}), also=also)
 
 
 def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, source, data,
                 also: tuple = (), children_of: Run | None = None,
-                activity: list[dict] = ()):
+                activity: list[dict] = (), then=None) -> list[Event]:
     """Bump the version of each locked run of ``runs``, write its ``fields`` and one
     ``kind`` event for it, and the writes ``also``: one statement on PostgreSQL. With
     ``children_of``, the same statement reads the ids of that run's children that have not
-    ended; for a transition webhooks tell of, whether an endpoint is active (the
+    ended, and ``then`` is given them once it is made (at the end of a ``sql.gathered``
+    block, in one); for a transition webhooks tell of, whether an endpoint is active (the
     deliveries are then written after it, in the same transaction). ``activity``: entries
     of the one run's live attempt, written before the change (``runs.domain.activity``).
-    Returns ``(events, child ids)``; each run is published with its event once the
-    transaction commits."""
+    Returns the events; each run is published with its event once the transaction
+    commits."""
     if activity:
         (run,) = runs
         noted = activity_log.staged(run, run.generation, activity)
@@ -157,13 +158,18 @@ def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, s
     told = any(webhooks.told_of(run, kind) for run in runs)
     if told:  # whether any webhook endpoint is active, read by the same statement
         parts.append(webhooks.ANY_ACTIVE)
-    answers = sql.write(*parts)
-    children = answers[0] if children_of is not None else []
-    if told and answers[-1]:
-        for run in runs:
-            webhooks.run_changed(run, kind)
-    after_commit(outside.changes.publish_changes, changes=list(zip(runs, events, strict=True)))
-    return events, children
+
+    def written(answers):
+        if told and answers[-1]:
+            for run in runs:
+                webhooks.run_changed(run, kind)
+        after_commit(outside.changes.publish_changes,
+                     changes=list(zip(runs, events, strict=True)))
+        if children_of is not None:
+            then(answers[0])
+
+    sql.write(*parts, then=written)
+    return events
 
 
 def record_created(runs: list[Run], *, actor: str | None, source: str) -> None:
@@ -386,10 +392,10 @@ def finish(
         run.stop_code = data["stop_code"] = ending.stop_code
         run.stop_reason = data["stop_reason"] = ending.stop_reason
         fields += ["stop_code", "stop_reason"]
-    _, children = _transition([run], EventKind.ENDED, fields=tuple(fields), actor=actor,
-                              source=source, data=lambda _: data, also=tuple(also),
-                              children_of=run, activity=activity)
-    end_children(run, actor=actor, source=source, children=children)
+    _transition([run], EventKind.ENDED, fields=tuple(fields), actor=actor, source=source,
+                data=lambda _: data, also=tuple(also), children_of=run, activity=activity,
+                then=lambda children: end_children(run, actor=actor, source=source,
+                                                   children=children))
     return True
 
 

@@ -19,8 +19,8 @@ each call, which costs several times the CPU of the statement):
   so the driver and the server each parse it once, and it has a parameter per column
   rather than per value. Each array is a ``runs.domain.arrays.Column`` of its column's
   type, which the driver sends without looking at its elements to learn it.
-  ``together`` makes a transaction's first write with its second (a run's last step and
-  its end).
+  ``gathered`` makes the writes of a block one statement (a run's last step and its
+  end; the ends a worker gathers).
 
 The SQL is plain text built once per model and shape from the models' ``_meta``, every
 identifier quoted. Values go through the fields' own ``pre_save``, ``get_db_prep_save``
@@ -280,65 +280,83 @@ class Keys:
     unless: dict
 
 
-class _Joining(threading.local):
-    """The state of this thread's ``together`` block: whether its first write is still to
-    come or held, and that write's parts."""
-    waiting = False
-    held: tuple = ()
+class _Gathering(threading.local):
+    """The state of this thread's ``gathered`` block: whether it is open, and the writes
+    held in it, each with the function its answers go to."""
+    open = False
+    held: list = []
 
 
-_joining = _Joining()
+_gathering = _Gathering()
 
 
 @contextmanager
-def together():
-    """Make the block's first write with its second, as one statement on PostgreSQL: the
-    two transitions a transaction makes of one run (its last step and its end) cost one.
-    The first write is held if it reads nothing; the Updates of one row the two make are
-    made one (the second's values, for every field either names), their Inserts of one
-    model one, in order (so an automatic key, an event's ``seq``, still follows the
-    order of the writes). Until then nothing of the held write is in the database:
-    neither the second write's reads nor any other read of the block sees it. Later
-    writes are made as they come; elsewhere than on PostgreSQL, all of them. Inside a
-    transaction only, which the held write joins."""
-    if connection.vendor != "postgresql" or _joining.waiting:
+def gathered():
+    """Make the block's writes as one statement on PostgreSQL, at its end: the transitions
+    of one transaction (a run's last step and its end; the ends of runs a worker gathers)
+    cost one statement whatever their number.
+
+    Each write is held, its reads with it. At the end of the block, the Updates of one row
+    are made one (the last one's values, for every field any of them names), the Inserts
+    of one model one, in order (so an automatic key, an event's ``seq``, still follows the
+    order of the writes); the Updates, UpdateWheres and Keys of one shape each one part
+    whose values come as arrays; and equal Exists parts one. Then each write's ``then``
+    gets its answers, in the order of the writes, with the block closed: what they write
+    is made as it comes. Until the end nothing held is in the database, so no read of the
+    block sees it. Inside a transaction only, which the writes join; elsewhere than on
+    PostgreSQL, and in a block already open, writes are made as they come."""
+    if connection.vendor != "postgresql" or _gathering.open:
         yield
         return
-    _joining.waiting = True
+    _gathering.open, _gathering.held = True, []
     try:
         yield
-        held = _joining.held
-        _joining.waiting, _joining.held = False, ()
-        if held:  # no second write came
-            write(*held)
+        held = _gathering.held
     finally:
-        _joining.waiting, _joining.held = False, ()
+        _gathering.open, _gathering.held = False, []
+    if held:
+        answers = iter(_statement(_merged([p for writes, _, _ in held for p in writes]),
+                                  [p for _, reads, _ in held for p in reads]))
+        for _, reads, then in held:
+            mine = [next(answers) for _ in reads]
+            if then is not None:
+                then(mine)
 
 
-def write(*parts) -> list:
+def write(*parts, then=None) -> list | None:
     """Make the writes ``parts`` (``Update``, ``UpdateWhere``, ``Insert``), in one statement
     on PostgreSQL, one after the other elsewhere, and read the ``Keys`` and ``Exists``
     parts, which come after them: returns their answers in order (a list of keys, a
-    bool). The parts must not write the same rows: in one statement, PostgreSQL makes them
-    all against the same snapshot, in no set order (``together`` makes the writes of one
-    row one)."""
+    bool), and gives them to ``then`` first if given. The parts must not write the same
+    rows: in one statement, PostgreSQL makes them all against the same snapshot, in no set
+    order (``gathered`` makes the writes of one row one). In a ``gathered`` block the
+    write is held, and returns None: its answers go to ``then`` at the end of the block
+    (a write that reads must give one)."""
     reads = [part for part in parts if isinstance(part, (Keys, Exists))]
     writes = parts[:len(parts) - len(reads)]
     if any(isinstance(part, (Keys, Exists)) for part in writes):
         raise ValueError("The Keys and Exists parts of a write come after its writes.")
     if connection.vendor != "postgresql":
-        return _write_by_orm(writes, reads)
-    if _joining.waiting:  # the first or the second write of a ``together`` block
-        if not _joining.held and not reads:
-            _joining.held = parts
-            return []
-        writes = _merged([*_joining.held, *writes])
-        _joining.waiting, _joining.held = False, ()
-        parts = (*writes, *reads)
+        answers = _write_by_orm(writes, reads)
+    elif _gathering.open:
+        if reads and then is None:
+            raise ValueError("A write that reads in a gathered block gives its answers "
+                             "to `then`.")
+        _gathering.held.append((writes, reads, then))
+        return None
+    else:
+        answers = _statement(writes, reads)
+    if then is not None:
+        then(answers)
+    return answers
 
+
+def _statement(writes, reads) -> list:
+    """``write``'s one statement on PostgreSQL: the answers of ``reads``, in order."""
+    asked, placed = _asked(reads)
+    parts = [*_grouped(writes), *asked]
     shape, params = [], []
     db = connections[DEFAULT_DB_ALIAS]  # what ``connection`` stands for, looked up once
-    parts = _grouped(parts)
     for part in parts:
         if isinstance(part, _UpdateMany):
             model = part.model
@@ -352,6 +370,14 @@ def write(*parts) -> list:
             shape.append(("update", model, names))
             _saved_values(params, _saving(model, names, False), (part.instance,), False, db)
             params.append(_prepared(model, model._meta.pk.name, part.instance.pk))
+        elif isinstance(part, _UpdateWhereMany):
+            model, names, where = part.model, part.names, part.where
+            shape.append(("update_where_many", model, names, where))
+            saving = _saving(model, names, False)
+            for at, column in enumerate(_column_classes(model, names)):
+                prepare = saving[at][2]
+                params.append(column(prepare(values[at], db) for values, _ in part.rows))
+            params += _where_columns(model, where, [keys for _, keys in part.rows])
         elif isinstance(part, UpdateWhere):
             names = tuple(part.values)
             shape.append(("update_where", part.model, names, tuple(part.where)))
@@ -375,6 +401,11 @@ def write(*parts) -> list:
         elif isinstance(part, Exists):
             shape.append(("exists", part.model, tuple(part.where)))
             params += _question_params(part)
+        elif isinstance(part, _KeysMany):
+            shape.append(("keys_many", part.model, part.where, tuple(part.unless)))
+            # The subquery's values come first in the statement's text, then the arrays.
+            params += [_prepared(part.model, n, v) for n, v in part.unless.items()]
+            params += _where_columns(part.model, part.where, part.rows)
         else:
             shape.append(("keys", part.model, tuple(part.where), tuple(part.unless)))
             params += [_prepared(part.model, n, v) for n, v in part.where.items()]
@@ -382,23 +413,66 @@ def write(*parts) -> list:
     with connection.cursor() as cursor:
         cursor.execute(_write_sql(tuple(shape)), params)
         returned = cursor.fetchall()
-    by_part: dict[int, list] = {}
-    for index, key in returned:
-        by_part.setdefault(index, []).append(key)
-    answers = []
+    by_part: dict[tuple, list] = {}
+    for index, key, member in returned:
+        by_part.setdefault((index, member), []).append(key)
     for index, part in enumerate(parts):
         if isinstance(part, Insert) and _automatic_key(type(part.instances[0])) is not None:
             auto = _automatic_key(type(part.instances[0]))
             # PostgreSQL returns the rows in the order of VALUES, and of UNNEST (Django's
             # bulk_create relies on both).
-            for instance, key in zip(part.instances, by_part[index], strict=True):
+            for instance, key in zip(part.instances, by_part[(index, None)], strict=True):
                 setattr(instance, auto.attname, auto.to_python(key))
-        elif isinstance(part, Exists):
-            answers.append(index in by_part)
-        elif isinstance(part, Keys):
-            pk = part.model._meta.pk
-            answers.append(sorted(pk.to_python(key) for key in by_part.get(index, [])))
+    answers = []
+    for at, member in placed:
+        index = len(parts) - len(asked) + at
+        read = asked[at]
+        if isinstance(read, Exists):
+            answers.append((index, None) in by_part)
+        else:
+            pk = read.model._meta.pk
+            answers.append(sorted(pk.to_python(key) for key in by_part.get((index, member), [])))
     return answers
+
+
+@dataclass(frozen=True)
+class _KeysMany:
+    """The Keys parts of a write that ask the same fields of one model's rows: one part,
+    whose ``rows`` are the values each asks (an answer is told by its number among them,
+    from 1)."""
+    model: type
+    where: tuple
+    unless: dict
+    rows: tuple
+
+
+def _asked(reads) -> tuple[list, list]:
+    """The parts that read ``reads``: equal Exists parts made one, and the Keys parts of
+    one shape (two or more) one ``_KeysMany``; and where the answer of each read is among
+    them: (its part's position, its number in a ``_KeysMany`` or None)."""
+    asked, at, placed = [], {}, []
+    for read in reads:
+        if isinstance(read, Exists):
+            key = (read.model, tuple(read.where.items()))
+        else:
+            key = (read.model, tuple(read.where), tuple(read.unless.items()))
+        if key not in at:
+            at[key] = len(asked)
+            asked.append(read)
+            placed.append((at[key], None))
+            continue
+        first = asked[at[key]]
+        if isinstance(first, Keys):  # the second of its shape: the first becomes number 1
+            first = asked[at[key]] = _KeysMany(first.model, tuple(first.where), first.unless,
+                                               (tuple(first.where.values()),))
+            placed = [(p, 1 if p == at[key] else m) for p, m in placed]
+        if isinstance(first, _KeysMany):
+            asked[at[key]] = _KeysMany(first.model, first.where, first.unless,
+                                       (*first.rows, tuple(read.where.values())))
+            placed.append((at[key], len(first.rows) + 1))
+        else:
+            placed.append((at[key], None))
+    return asked, placed
 
 
 @dataclass(frozen=True)
@@ -425,19 +499,49 @@ def _combined(parts, key, join) -> list:
     return combined
 
 
+@dataclass(frozen=True)
+class _UpdateWhereMany:
+    """The UpdateWheres of a write that set the same fields of one model's rows found by
+    the same fields: one part, each of its ``rows`` the values set and the values found
+    by."""
+    model: type
+    names: tuple
+    where: tuple
+    rows: tuple
+
+
 def _grouped(parts) -> list:
     """``parts`` with the Updates that name the same fields of one model's rows made one
-    ``_UpdateMany`` (a claim's runs): one part, whose statement is the same however many
-    rows it writes."""
+    ``_UpdateMany`` (a claim's runs), and the UpdateWheres of one shape one
+    ``_UpdateWhereMany`` (the attempts of ends gathered): one part, whose statement is
+    the same however many rows it writes."""
     def key(part):
-        return (type(part.instance), tuple(part.names)) if isinstance(part, Update) else None
+        if isinstance(part, Update):
+            return (type(part.instance), tuple(part.names))
+        if isinstance(part, UpdateWhere):
+            return (part.model, tuple(part.values), tuple(part.where))
+        return None
 
     def join(first, later):
+        if isinstance(later, UpdateWhere):
+            row = (tuple(later.values.values()), tuple(later.where.values()))
+            if isinstance(first, UpdateWhere):
+                first = _UpdateWhereMany(first.model, tuple(first.values),
+                                         tuple(first.where), (
+                                             (tuple(first.values.values()),
+                                              tuple(first.where.values())),))
+            return _UpdateWhereMany(first.model, first.names, first.where, (*first.rows, row))
         instances = first.instances if isinstance(first, _UpdateMany) else (first.instance,)
         return _UpdateMany(type(later.instance), tuple(later.names),
                            (*instances, later.instance))
 
     return _combined(parts, key, join)
+
+
+def _where_columns(model, names: tuple, rows) -> list:
+    """One ``Column`` per field ``names`` of ``model``: each row's value of it, prepared."""
+    return [_column_of(model, name)(_prepared(model, name, row[at]) for row in rows)
+            for at, name in enumerate(names)]
 
 
 def _columns(model, names: tuple | None, add: bool, instances, db) -> list:
@@ -657,8 +761,9 @@ def _array_type(model, name: str) -> str:
 def _write_sql(shape: tuple) -> str:
     """The one statement of ``write`` for parts of this ``shape`` (PostgreSQL): each part a
     ``WITH`` query; the keys that inserts read back and the ``Keys`` parts, as
-    ``(part index, key as text)`` rows, and a ``(part index, NULL)`` row for an
-    ``Exists`` part that a row matches."""
+    ``(part index, key as text, NULL)`` rows (a ``keys_many`` part's with the number of
+    the row that asked for the key in place of the NULL), and a ``(part index, NULL,
+    NULL)`` row for an ``Exists`` part that a row matches."""
     queries, outputs = [], []
     for index, (kind, model, *rest) in enumerate(shape):
         name = f"part{index}"
@@ -675,6 +780,19 @@ def _write_sql(shape: tuple) -> str:
             query = (f"UPDATE {table} SET {assignments} FROM UNNEST({arrays}) AS "
                      f"{quoted('rows')} ({aliases}) WHERE {table}.{pk} = "
                      f"{quoted('rows')}.{quoted(f'new_{model._meta.pk.column}')}")
+        elif kind == "update_where_many":
+            names, where = rest
+            new = [quoted(f"new_{model._meta.get_field(n).column}") for n in names]
+            old = [quoted(f"old_{model._meta.get_field(n).column}") for n in where]
+            arrays = ", ".join(f"%s::{_array_type(model, n)}" for n in (*names, *where))
+            assignments = ", ".join(
+                f"{quoted(model._meta.get_field(n).column)} = {quoted('rows')}.{alias}"
+                for n, alias in zip(names, new, strict=True))
+            found = " AND ".join(
+                f"{table}.{quoted(model._meta.get_field(n).column)} = {quoted('rows')}.{alias}"
+                for n, alias in zip(where, old, strict=True))
+            query = (f"UPDATE {table} SET {assignments} FROM UNNEST({arrays}) AS "
+                     f"{quoted('rows')} ({', '.join((*new, *old))}) WHERE {found}")
         elif kind in ("update", "update_where"):
             names, where = rest[0], (rest[1] if kind == "update_where" else (model._meta.pk.name,))
             assignments = ", ".join(f"{quoted(model._meta.get_field(n).column)} = %s"
@@ -693,14 +811,35 @@ def _write_sql(shape: tuple) -> str:
             auto = _automatic_key(model)
             if auto is not None:
                 query += f" RETURNING {quoted(auto.column)}"
-                outputs.append(f"SELECT {index}, {quoted(auto.column)}::text FROM {name}")
+                outputs.append(
+                    f"SELECT {index}, {quoted(auto.column)}::text, NULL::bigint FROM {name}")
         elif kind == "exists":
             query = f"{_exists_sql(model, rest[0])} LIMIT 1"
-            outputs.append(f"SELECT {index}, NULL::text FROM {name}")
+            outputs.append(f"SELECT {index}, NULL::text, NULL::bigint FROM {name}")
+        elif kind == "keys_many":  # each key with the number of the row that asked it
+            # The keys of each row asked for by a subquery of its own, which PostgreSQL
+            # never merges into a join: each is read as one Keys part is read alone (by
+            # an index of the fields asked, whatever the planner guesses of their rows).
+            where, unless = rest
+            asked = [quoted(f"asked_{model._meta.get_field(n).column}") for n in where]
+            arrays = ", ".join(f"%s::{_array_type(model, n)}" for n in where)
+            found = " AND ".join([
+                *(f"{quoted(model._meta.get_field(n).column)} = {quoted('asked')}.{alias}"
+                  for n, alias in zip(where, asked, strict=True)),
+                *(f"{quoted(model._meta.get_field(n).column)} <> %s" for n in unless)])
+            query = (f"SELECT {quoted('asked')}.{quoted('member')}, ARRAY(SELECT {pk} FROM "
+                     f"{table} WHERE {found}) AS {quoted('keys')} FROM UNNEST({arrays}) "
+                     f"WITH ORDINALITY AS {quoted('asked')} ({', '.join(asked)}, "
+                     f"{quoted('member')})")
+            outputs.append(f"SELECT {index}, UNNEST({quoted('keys')})::text, "
+                           f"{quoted('member')} FROM {name}")
         else:
             where, unless = rest
             query = f"SELECT {pk} FROM {table} WHERE {_condition(model, where, unless)}"
-            outputs.append(f"SELECT {index}, {pk}::text FROM {name}")
-        queries.append(f"{name} AS ({query})")
-    final = " UNION ALL ".join(outputs) or "SELECT 0, NULL::text WHERE false"
+            outputs.append(f"SELECT {index}, {pk}::text, NULL::bigint FROM {name}")
+        # A keys_many part is made once, not inlined where it is read: its subquery's
+        # cost is then counted once per row asked, as it is run.
+        materialized = "MATERIALIZED " if kind == "keys_many" else ""
+        queries.append(f"{name} AS {materialized}({query})")
+    final = " UNION ALL ".join(outputs) or "SELECT 0, NULL::text, NULL::bigint WHERE false"
     return f"WITH {', '.join(queries)} {final}"

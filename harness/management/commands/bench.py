@@ -118,6 +118,14 @@ def autovacuum_on() -> bool:
         return cursor.fetchone()[0]
 
 
+def analyze_tables() -> None:
+    """Fresh statistics of every table, as a server whose autovacuum is on keeps them: with
+    none, the planner guesses the rows of each condition, and may choose plans for the
+    statements of a transition that no such server would."""
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+
+
 @dataclass
 class Cancels:
     """Cancels measured one by one over HTTP (``Command.cancel_samples``), in ms."""
@@ -388,6 +396,8 @@ class Command(BaseCommand):
         # by the blocks that started them rather than left running.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         self.load, self.pace, self.autovacuum = load_average(), pace(), autovacuum_on()
+        if not self.autovacuum:
+            analyze_tables()
         if self.load > 1.0:
             self.stderr.write(f"warning: the machine is loaded before the benchmark starts "
                               f"(load average {self.load:.2f} over the last minute, "
@@ -691,7 +701,9 @@ class Command(BaseCommand):
             self.stdout.write(line)
         if not self.autovacuum:
             self.stdout.write("note: autovacuum is off on this PostgreSQL server: the dead rows "
-                              "of every run stay in the tables until a VACUUM")
+                              "of every run stay in the tables until a VACUUM, and the "
+                              "benchmark analyzed the tables at its start, as autovacuum "
+                              "would have")
         if start > 1.0:
             self.stdout.write("warning: the machine was loaded when the benchmark started: "
                               "these figures are no verdict; rerun on a quiet machine")
