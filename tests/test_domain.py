@@ -9,7 +9,7 @@ from functools import partial
 from unittest import mock
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from harness.processes import wait_until
@@ -731,6 +731,40 @@ def test_a_wrong_batch_of_ends_commits_none_of_them(wrong):
     with pytest.raises(error):
         domain.attempts_finish(ends=[*ends, extra])
     assert db_state() == before
+
+
+def test_ends_together_end_the_children_of_each_run_in_its_name():
+    parents = [running_run()[0] for _ in range(3)]
+    queued = [queued_run(parent_id=parents[0].id) for _ in range(2)]
+    running = running_run(parent_id=parents[2].id)[0]
+    assert domain.attempts_finish(ends=[end_of(run) for run in parents]) == [True] * 3
+    for child, parent in [(queued[0], parents[0]), (queued[1], parents[0]),
+                          (running, parents[2])]:
+        assert ControlIntent.objects.get(run_id=child.id).caused_by_id == parent.id
+    assert [Run.objects.get(pk=run.id).state for run in queued] == [RunState.ENDED] * 2
+    assert Run.objects.get(pk=running.id).state == RunState.RUNNING  # told, pending
+    assert not ControlIntent.objects.filter(caused_by_id=parents[1].id).exists()
+
+
+@pytest.mark.postgres
+def test_ends_together_of_every_kind_are_written_by_one_statement():
+    runs = [running_run()[0] for _ in range(6)]
+    ends = [end_of(runs[0]), end_of(runs[1]), end_of(runs[2], step=LAST_STEP),
+            end_of(runs[3], step=LAST_STEP, activity=[{"kind": "log", "text": "last"}]),
+            end_of(runs[4], ending=Ending.failed("boom")), end_of(runs[5], generation=2)]
+    sent = []
+
+    def kept(execute, text, params, many, context):
+        sent.append(text)
+        return execute(text, params, many, context)
+
+    with connection.execute_wrapper(kept):
+        assert domain.attempts_finish(ends=ends) == [True] * 5 + [False]
+    assert len([text for text in sent if text.startswith("WITH")]) == 1
+    assert [Run.objects.get(pk=run.id).end_cause for run in runs] == [
+        EndCause.COMPLETED] * 4 + [EndCause.FAILED, None]
+    assert [kinds(run)[-2:] for run in runs[2:4]] == [["step", "ended"]] * 2
+    assert Activity.objects.filter(run_id=runs[3].id, text="last").exists()
 
 
 @pytest.mark.postgres
