@@ -231,6 +231,26 @@ def test_a_second_benchmark_on_the_same_database_is_refused_at_once(settings):
         pass
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_benchmark_vacuums_and_analyzes_the_tables_only_where_autovacuum_is_off():
+    def done() -> tuple[int, int]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute("SELECT vacuum_count, analyze_count FROM pg_stat_user_tables "
+                           "WHERE relname = %s", [Run._meta.db_table])
+            return cursor.fetchone()
+
+    command = Command(stdout=StringIO(), stderr=StringIO())
+    command.autovacuum = True
+    before = done()
+    command.tidy()
+    assert done() == before
+    command.autovacuum = False
+    command.tidy()
+    assert [after - first for after, first in zip(done(), before, strict=True)] == [1, 1]
+
+
 @pytest.mark.parametrize("option", ["--web-env", "--worker-env"])
 @pytest.mark.parametrize("pair", ["PYTHONMALLOC", "=pymalloc", "1X=y", "A B=c"])
 def test_a_variable_without_a_name_is_refused_before_anything_runs(option, pair):

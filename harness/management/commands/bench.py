@@ -118,12 +118,14 @@ def autovacuum_on() -> bool:
         return cursor.fetchone()[0]
 
 
-def analyze_tables() -> None:
-    """Fresh statistics of every table, as a server whose autovacuum is on keeps them: with
-    none, the planner guesses the rows of each condition, and may choose plans for the
-    statements of a transition that no such server would."""
+def vacuum_tables() -> None:
+    """Every table vacuumed and analyzed, as a server whose autovacuum is on keeps them.
+    With no statistics the planner guesses the rows of each condition, and may choose plans
+    for the statements of a transition that no such server would; and the dead versions
+    of rows updated over and over (the totals' deltas that /metrics reads, a million after
+    a day of benchmarks) are read past by every scan until a VACUUM."""
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE")
+        cursor.execute("VACUUM (ANALYZE)")
 
 
 @dataclass
@@ -396,8 +398,6 @@ class Command(BaseCommand):
         # by the blocks that started them rather than left running.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         self.load, self.pace, self.autovacuum = load_average(), pace(), autovacuum_on()
-        if not self.autovacuum:
-            analyze_tables()
         if self.load > 1.0:
             self.stderr.write(f"warning: the machine is loaded before the benchmark starts "
                               f"(load average {self.load:.2f} over the last minute, "
@@ -415,6 +415,7 @@ class Command(BaseCommand):
                                    "(PostgreSQL)")
             try:
                 with alone_on_the_database():  # the runs it imports are the newest
+                    self.tidy()
                     self.print_table(with_load(lambda: writes_bench(options["writes"])))
             except Busy as error:
                 raise CommandError(str(error)) from None
@@ -430,9 +431,16 @@ class Command(BaseCommand):
                                "runs separate processes, which need a shared database and layer.")
         try:
             with alone_on_the_database():
+                self.tidy()
                 self.measure(what, options)
         except Busy as error:
             raise CommandError(str(error)) from None
+
+    def tidy(self) -> None:
+        """The tables vacuumed and analyzed where the server's autovacuum is off, once this
+        benchmark has the database to itself (``vacuum_tables``)."""
+        if not self.autovacuum:
+            vacuum_tables()
 
     def measure(self, what, options):
         """The parts that start processes of their own on the shared database."""
@@ -700,10 +708,10 @@ class Command(BaseCommand):
         for line in self.env_lines():
             self.stdout.write(line)
         if not self.autovacuum:
-            self.stdout.write("note: autovacuum is off on this PostgreSQL server: the dead rows "
-                              "of every run stay in the tables until a VACUUM, and the "
-                              "benchmark analyzed the tables at its start, as autovacuum "
-                              "would have")
+            self.stdout.write("note: autovacuum is off on this PostgreSQL server: the benchmark "
+                              "vacuumed and analyzed the tables at its start, as autovacuum "
+                              "would have, but the dead rows it makes stay in them until the "
+                              "next benchmark")
         if start > 1.0:
             self.stdout.write("warning: the machine was loaded when the benchmark started: "
                               "these figures are no verdict; rerun on a quiet machine")
