@@ -373,9 +373,8 @@ def _statement(writes, reads) -> list:
         elif isinstance(part, _UpdateWhereMany):
             model, names, where = part.model, part.names, part.where
             shape.append(("update_where_many", model, names, where))
-            saving = _saving(model, names, False)
-            for at, column in enumerate(_column_classes(model, names)):
-                prepare = saving[at][2]
+            for at, ((_, _, prepare), column) in enumerate(zip(
+                    _saving(model, names, False), _column_classes(model, names), strict=True)):
                 params.append(column(prepare(values[at], db) for values, _ in part.rows))
             params += _where_columns(model, where, [keys for _, keys in part.rows])
         elif isinstance(part, UpdateWhere):
@@ -450,29 +449,24 @@ def _asked(reads) -> tuple[list, list]:
     """The parts that read ``reads``: equal Exists parts made one, and the Keys parts of
     one shape (two or more) one ``_KeysMany``; and where the answer of each read is among
     them: (its part's position, its number in a ``_KeysMany`` or None)."""
-    asked, at, placed = [], {}, []
+    groups: dict[tuple, tuple[int, list]] = {}
+    placed = []
     for read in reads:
         if isinstance(read, Exists):
             key = (read.model, tuple(read.where.items()))
         else:
             key = (read.model, tuple(read.where), tuple(read.unless.items()))
-        if key not in at:
-            at[key] = len(asked)
-            asked.append(read)
-            placed.append((at[key], None))
-            continue
-        first = asked[at[key]]
-        if isinstance(first, Keys):  # the second of its shape: the first becomes number 1
-            first = asked[at[key]] = _KeysMany(first.model, tuple(first.where), first.unless,
-                                               (tuple(first.where.values()),))
-            placed = [(p, 1 if p == at[key] else m) for p, m in placed]
-        if isinstance(first, _KeysMany):
-            asked[at[key]] = _KeysMany(first.model, first.where, first.unless,
-                                       (*first.rows, tuple(read.where.values())))
-            placed.append((at[key], len(first.rows) + 1))
-        else:
-            placed.append((at[key], None))
-    return asked, placed
+        at, group = groups.setdefault(key, (len(groups), []))
+        group.append(read)
+        placed.append((at, len(group)))
+    asked = []
+    for _, group in groups.values():
+        first = group[0]
+        asked.append(first if isinstance(first, Exists) or len(group) == 1 else _KeysMany(
+            first.model, tuple(first.where), first.unless,
+            tuple(tuple(read.where.values()) for read in group)))
+    return asked, [(at, member if isinstance(asked[at], _KeysMany) else None)
+                   for at, member in placed]
 
 
 @dataclass(frozen=True)
@@ -524,18 +518,19 @@ def _grouped(parts) -> list:
 
     def join(first, later):
         if isinstance(later, UpdateWhere):
-            row = (tuple(later.values.values()), tuple(later.where.values()))
-            if isinstance(first, UpdateWhere):
-                first = _UpdateWhereMany(first.model, tuple(first.values),
-                                         tuple(first.where), (
-                                             (tuple(first.values.values()),
-                                              tuple(first.where.values())),))
-            return _UpdateWhereMany(first.model, first.names, first.where, (*first.rows, row))
+            rows = first.rows if isinstance(first, _UpdateWhereMany) else (_found(first),)
+            return _UpdateWhereMany(later.model, tuple(later.values), tuple(later.where),
+                                    (*rows, _found(later)))
         instances = first.instances if isinstance(first, _UpdateMany) else (first.instance,)
         return _UpdateMany(type(later.instance), tuple(later.names),
                            (*instances, later.instance))
 
     return _combined(parts, key, join)
+
+
+def _found(part: UpdateWhere) -> tuple:
+    """A row of an ``_UpdateWhereMany``: the values an UpdateWhere sets and finds by."""
+    return tuple(part.values.values()), tuple(part.where.values())
 
 
 def _where_columns(model, names: tuple, rows) -> list:
