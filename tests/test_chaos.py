@@ -158,6 +158,24 @@ def system(tmp_path):
         redis.stop()
 
 
+def logged_errors(webs: list[Web], most: int = 5) -> str:
+    """The first ``most`` 500s the web processes logged, each with its traceback (the
+    line of Django's ``django.request`` logger and the indented lines after it), for a
+    failure's message: the processes' logs go with the test's temporary directory."""
+    found = []
+    for web in webs:
+        entry = None
+        for line in web.log().splitlines():
+            if entry is not None and line.startswith(" "):
+                entry.append(line)
+                continue
+            entry = None
+            if " ERROR django.request " in line and len(found) < most:
+                entry = [f"{web.name}: {line}"]
+                found.append(entry)
+    return "\n".join(line for entry in found for line in entry)
+
+
 def random_spec(rng: random.Random) -> dict:
     """A run of one of the demo agents, children and inboxes included."""
     kind = rng.choice(["steps", "approval", "hang", "late", "parent", "parent_waits", "inbox"])
@@ -744,7 +762,7 @@ def test_a_storm_under_faults_keeps_every_guarantee(system, supervisor):
     total_seconds = time.monotonic() - started
 
     runs, events = check_every_run_ended_once({resume.run_id for resume in storm.resumes})
-    assert not storm.server_errors, storm.server_errors[:10]
+    assert not storm.server_errors, (storm.server_errors[:10], logged_errors(system.webs))
     recorded = check_every_request_recorded(storm, runs, events,
                                             {caller.actor for caller in callers})
     resumes = check_resumes(storm, runs, events)

@@ -175,3 +175,45 @@ def test_a_cancelled_instance_finishes_its_answer_once_the_drain_has_begun():
         assert other.cancelled() and sent == [202]
 
     asyncio.run(scenario())
+
+
+def test_the_drain_settles_once_an_instance_begun_during_it_has_answered(monkeypatch):
+    """Daphne takes connections until the reactor stops: a request that came in after the
+    drain began is answered before the drain settles, not cut when the reactor stops."""
+    import asyncio
+
+    from runs.sockets import shutdown
+    from runs.sockets.shutdown import Drain, Draining
+
+    monkeypatch.setattr(shutdown, "GRACE_SECONDS", 30)  # the wait below never runs out
+    monkeypatch.setattr(shutdown.gc, "freeze", lambda: None)  # not this process's heap
+
+    async def scenario():
+        release = asyncio.Event()
+        sent = []
+
+        async def app(scope, receive, send):
+            if scope["path"] == "/late":
+                await release.wait()
+            await send({"type": "http.response.start", "status": 200})
+
+        async def send(message):
+            sent.append(message["status"])
+
+        state = Drain()
+        state.begun = True
+        early = asyncio.ensure_future(Draining(app, state)({"type": "http", "path": "/"},
+                                                           None, send))
+        settled = asyncio.ensure_future(state.settled())
+        await asyncio.sleep(0)
+        late = asyncio.ensure_future(Draining(app, state)({"type": "http", "path": "/late"},
+                                                          None, send))
+        await asyncio.wait_for(early, 5)
+        # Longer than the linger after the first instance ended: the drain holds on.
+        await asyncio.sleep(shutdown.LINGER_SECONDS * 3)
+        assert not settled.done() and sent == [200]
+        release.set()
+        await asyncio.wait_for(settled, 5)
+        assert late.done() and sent == [200, 200]
+
+    asyncio.run(scenario())

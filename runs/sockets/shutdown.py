@@ -20,7 +20,8 @@ own: daphne's cancel reaches the middleware, which, once the drain has begun, le
 instance finish its answer for up to ``GRACE_SECONDS`` before it cancels it. Both of
 daphne's steps happen in one turn of the loop (the shutdown's "before" triggers are called
 one after the other), so the drain has begun by the time a cancelled instance runs again.
-The reactor stops once the drain has settled: every instance has ended, and the loop has
+The reactor stops once the drain has settled: every instance has ended (one that began
+during the drain too: daphne takes connections until the reactor stops), and the loop has
 had ``LINGER_SECONDS`` more to write what they sent (when it stops, Twisted drops every
 connection, written or not). Then the process exits at once, without the interpreter's
 last walk of the whole heap.
@@ -72,8 +73,13 @@ class Drain:
         return self.settled()
 
     async def settled(self) -> None:
-        if self.instances:
-            await asyncio.wait(set(self.instances), timeout=GRACE_SECONDS + 0.3)
+        """Once every instance has ended, those begun since the drain began too (the server
+        takes connections until the reactor stops), or ``GRACE_SECONDS`` have passed and a
+        little more; then ``LINGER_SECONDS`` for their answers to go out."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GRACE_SECONDS + 0.3
+        while self.instances and (left := deadline - loop.time()) > 0:
+            await asyncio.wait(set(self.instances), timeout=left)
         await asyncio.sleep(LINGER_SECONDS)
         # The interpreter's last collection would walk every object of the process before
         # it exits (1 to 3 s for this one, most of the time to exit): what lives now is
