@@ -126,15 +126,15 @@ def record_each(runs: list[Run], kind: str, *, fields: tuple[str, ...] = (),
 
 
 def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, source, data,
-                also: tuple = (), children_of: Run | None = None,
-                activity: list[dict] = (), then=None) -> list[Event]:
+                also: tuple = (), children=None, activity: list[dict] = ()) -> list[Event]:
     """Bump the version of each locked run of ``runs``, write its ``fields`` and one
     ``kind`` event for it, and the writes ``also``: one statement on PostgreSQL. With
-    ``children_of``, the same statement reads the ids of that run's children that have not
-    ended, and ``then`` is given them once it is made (at the end of a ``sql.gathered``
-    block, in one); for a transition webhooks tell of, whether an endpoint is active (the
-    deliveries are then written after it, in the same transaction). ``activity``: entries
-    of the one run's live attempt, written before the change (``runs.domain.activity``).
+    ``children``, a function, the same statement reads the ids of the one run's children
+    that have not ended, and ``children`` is given them once it is made (at the end of a
+    ``sql.gathered`` block, in one); for a transition webhooks tell of, whether an
+    endpoint is active (the deliveries are then written after it, in the same
+    transaction). ``activity``: entries of the one run's live attempt, written before the
+    change (``runs.domain.activity``).
     Returns the events; each run is published with its event once the transaction
     commits."""
     if activity:
@@ -153,8 +153,9 @@ def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, s
                               data=data(run)))
     parts = [*also, *(sql.Update(run, (*fields, "version", "updated_at")) for run in runs),
              sql.Insert(tuple(events))]
-    if children_of is not None:
-        parts.append(sql.Keys(Run, {"parent": children_of.pk}, {"state": RunState.ENDED}))
+    if children is not None:
+        (parent,) = runs
+        parts.append(sql.Keys(Run, {"parent": parent.pk}, {"state": RunState.ENDED}))
     told = any(webhooks.told_of(run, kind) for run in runs)
     if told:  # whether any webhook endpoint is active, read by the same statement
         parts.append(webhooks.ANY_ACTIVE)
@@ -165,8 +166,8 @@ def _transition(runs: list[Run], kind: str, *, fields: tuple[str, ...], actor, s
                 webhooks.run_changed(run, kind)
         after_commit(outside.changes.publish_changes,
                      changes=list(zip(runs, events, strict=True)))
-        if children_of is not None:
-            then(answers[0])
+        if children is not None:
+            children(answers[0])
 
     sql.write(*parts, then=written)
     return events
@@ -393,9 +394,9 @@ def finish(
         run.stop_reason = data["stop_reason"] = ending.stop_reason
         fields += ["stop_code", "stop_reason"]
     _transition([run], EventKind.ENDED, fields=tuple(fields), actor=actor, source=source,
-                data=lambda _: data, also=tuple(also), children_of=run, activity=activity,
-                then=lambda children: end_children(run, actor=actor, source=source,
-                                                   children=children))
+                data=lambda _: data, also=tuple(also), activity=activity,
+                children=lambda ids: end_children(run, actor=actor, source=source,
+                                                  children=ids))
     return True
 
 

@@ -739,10 +739,24 @@ def _inserted_fields(model) -> list:
 
 
 def _condition(model, where, unless=()) -> str:
-    def column(name):
-        return quoted(model._meta.get_field(name).column)
-    return " AND ".join([*(f"{column(n)} = %s" for n in where),
-                         *(f"{column(n)} <> %s" for n in unless)])
+    return " AND ".join([*(f"{_column(model, n)} = %s" for n in where),
+                         *(f"{_column(model, n)} <> %s" for n in unless)])
+
+
+def _column(model, name: str) -> str:
+    """The quoted column of ``model``'s field ``name``."""
+    return quoted(model._meta.get_field(name).column)
+
+
+def _aliases(model, names: tuple, prefix: str) -> list[str]:
+    """The names an ``UNNEST`` gives the arrays of ``model``'s fields ``names``, quoted:
+    ``prefix`` and the column's name."""
+    return [quoted(f"{prefix}_{model._meta.get_field(n).column}") for n in names]
+
+
+def _arrays(model, names: tuple) -> str:
+    """The parameters of an ``UNNEST``: one array of the values of each field ``names``."""
+    return ", ".join(f"%s::{_array_type(model, n)}" for n in names)
 
 
 def _array_type(model, name: str) -> str:
@@ -764,34 +778,20 @@ def _write_sql(shape: tuple) -> str:
         name = f"part{index}"
         table = quoted(model._meta.db_table)
         pk = quoted(model._meta.pk.column)
-        if kind == "update_many":
+        if kind in ("update_many", "update_where_many"):  # each row's values in arrays
             names = rest[0]
-            columns = [model._meta.get_field(n).column for n in names]
-            arrays = ", ".join(f"%s::{_array_type(model, n)}"
-                               for n in (*names, model._meta.pk.name))
-            aliases = ", ".join(quoted(f"new_{c}") for c in (*columns, model._meta.pk.column))
-            assignments = ", ".join(f"{quoted(c)} = {quoted('rows')}.{quoted(f'new_{c}')}"
-                                    for c in columns)
-            query = (f"UPDATE {table} SET {assignments} FROM UNNEST({arrays}) AS "
-                     f"{quoted('rows')} ({aliases}) WHERE {table}.{pk} = "
-                     f"{quoted('rows')}.{quoted(f'new_{model._meta.pk.column}')}")
-        elif kind == "update_where_many":
-            names, where = rest
-            new = [quoted(f"new_{model._meta.get_field(n).column}") for n in names]
-            old = [quoted(f"old_{model._meta.get_field(n).column}") for n in where]
-            arrays = ", ".join(f"%s::{_array_type(model, n)}" for n in (*names, *where))
-            assignments = ", ".join(
-                f"{quoted(model._meta.get_field(n).column)} = {quoted('rows')}.{alias}"
-                for n, alias in zip(names, new, strict=True))
-            found = " AND ".join(
-                f"{table}.{quoted(model._meta.get_field(n).column)} = {quoted('rows')}.{alias}"
-                for n, alias in zip(where, old, strict=True))
-            query = (f"UPDATE {table} SET {assignments} FROM UNNEST({arrays}) AS "
-                     f"{quoted('rows')} ({', '.join((*new, *old))}) WHERE {found}")
+            where = rest[1] if kind == "update_where_many" else (model._meta.pk.name,)
+            new, old = _aliases(model, names, "new"), _aliases(model, where, "old")
+            assignments = ", ".join(f"{_column(model, n)} = {quoted('rows')}.{alias}"
+                                    for n, alias in zip(names, new, strict=True))
+            found = " AND ".join(f"{table}.{_column(model, n)} = {quoted('rows')}.{alias}"
+                                 for n, alias in zip(where, old, strict=True))
+            query = (f"UPDATE {table} SET {assignments} FROM UNNEST("
+                     f"{_arrays(model, (*names, *where))}) AS {quoted('rows')} "
+                     f"({', '.join((*new, *old))}) WHERE {found}")
         elif kind in ("update", "update_where"):
             names, where = rest[0], (rest[1] if kind == "update_where" else (model._meta.pk.name,))
-            assignments = ", ".join(f"{quoted(model._meta.get_field(n).column)} = %s"
-                                    for n in names)
+            assignments = ", ".join(f"{_column(model, n)} = %s" for n in names)
             query = f"UPDATE {table} SET {assignments} WHERE {_condition(model, where)}"
         elif kind in ("insert", "insert_many"):
             fields = _inserted_fields(model)
@@ -799,8 +799,7 @@ def _write_sql(shape: tuple) -> str:
                 fields = [fields[i] for i in rest[0]]
                 rows = f"VALUES ({', '.join(['%s'] * len(fields))})"
             else:  # one array per column, so one statement for any number of rows
-                rows = "SELECT * FROM UNNEST({})".format(
-                    ", ".join(f"%s::{_array_type(model, f.name)}" for f in fields))
+                rows = f"SELECT * FROM UNNEST({_arrays(model, [f.name for f in fields])})"
             query = (f"INSERT INTO {table} ({', '.join(quoted(f.column) for f in fields)}) "
                      f"{rows}")
             auto = _automatic_key(model)
@@ -816,16 +815,15 @@ def _write_sql(shape: tuple) -> str:
             # never merges into a join: each is read as one Keys part is read alone (by
             # an index of the fields asked, whatever the planner guesses of their rows).
             where, unless = rest
-            asked = [quoted(f"asked_{model._meta.get_field(n).column}") for n in where]
-            arrays = ", ".join(f"%s::{_array_type(model, n)}" for n in where)
+            asked = _aliases(model, where, "asked")
             found = " AND ".join([
-                *(f"{quoted(model._meta.get_field(n).column)} = {quoted('asked')}.{alias}"
+                *(f"{_column(model, n)} = {quoted('asked')}.{alias}"
                   for n, alias in zip(where, asked, strict=True)),
-                *(f"{quoted(model._meta.get_field(n).column)} <> %s" for n in unless)])
+                *(f"{_column(model, n)} <> %s" for n in unless)])
             query = (f"SELECT {quoted('asked')}.{quoted('member')}, ARRAY(SELECT {pk} FROM "
-                     f"{table} WHERE {found}) AS {quoted('keys')} FROM UNNEST({arrays}) "
-                     f"WITH ORDINALITY AS {quoted('asked')} ({', '.join(asked)}, "
-                     f"{quoted('member')})")
+                     f"{table} WHERE {found}) AS {quoted('keys')} FROM UNNEST("
+                     f"{_arrays(model, where)}) WITH ORDINALITY AS {quoted('asked')} "
+                     f"({', '.join(asked)}, {quoted('member')})")
             outputs.append(f"SELECT {index}, UNNEST({quoted('keys')})::text, "
                            f"{quoted('member')} FROM {name}")
         else:
