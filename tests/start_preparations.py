@@ -24,6 +24,8 @@ import time
 
 os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
 os.environ["DATABASE_URL"] = f"sqlite:///{sys.argv[1]}"
+for name in ("REDIS_URL", "CELERY_BROKER_URL"):  # the in-memory broker and layer
+    os.environ.pop(name, None)
 
 import django  # noqa: E402
 

@@ -4,6 +4,9 @@ import pytest
 
 from runs.domain.actions import action_digest, canonical_json
 
+# No test here uses the test database: its verdict is the same on either backend.
+pytestmark = pytest.mark.one_backend
+
 
 def test_the_digest_is_the_sha256_of_the_canonical_json_of_tool_and_arguments():
     expected = hashlib.sha256(

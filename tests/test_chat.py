@@ -17,6 +17,9 @@ from runs.runtime.agent import Context, Interrupted, tool
 from runs.runtime.token import CancellationToken, Why
 from runs.runtime.tools import Toolbox, parameters_of
 
+# No test here uses the test database: its verdict is the same on either backend.
+pytestmark = pytest.mark.one_backend
+
 
 class Host:
     """The executor's side of the interface, recording instead of committing."""

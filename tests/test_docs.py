@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# No test here uses the test database: its verdict is the same on either backend.
+pytestmark = pytest.mark.one_backend
+
 ROOT = Path(__file__).resolve().parent.parent
 # The pages that describe the code as it is today. docs/performance.md is a record of
 # measurements, each taken on the code of its day, and may name what has gone since.

@@ -10,6 +10,9 @@ import pytest
 
 from harness.processes import wait_until
 
+# No test here uses the test database: its verdict is the same on either backend.
+pytestmark = pytest.mark.one_backend
+
 
 def test_first_start_creates_an_admin_operator(embedded_site):
     assert embedded_site.admin_password

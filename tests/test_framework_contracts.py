@@ -5,6 +5,9 @@ import inspect
 
 import pytest
 
+# No test here uses the test database: its verdict is the same on either backend.
+pytestmark = pytest.mark.one_backend
+
 
 def parameters(fn) -> set[str]:
     return set(inspect.signature(fn).parameters)

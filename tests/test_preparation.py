@@ -17,9 +17,14 @@ from runs.models import Run, RunState
 from runs.runtime.agent import Agent, register
 from runs.runtime.token import Why
 
+# A program of its own, on an SQLite database and the in-memory broker of its own: what
+# DATABASE_URL and REDIS_URL say changes nothing, so the PostgreSQL stream leaves it out.
+OWN_PROCESS = pytest.mark.ignores_database_url
+
 CHAT_AGENTS = ["demo.chat", "pydantic_ai.chat", "openai_agents.chat", "langgraph.chat"]
 
 
+@OWN_PROCESS
 def test_no_module_is_imported_on_the_workers_loop_at_an_agents_first_run(tmp_path):
     """Each shipped chat agent's first run on a fresh worker process (one process a
     framework, so that no agent finds what another framework imported), then its
@@ -47,6 +52,7 @@ def approval(chat_agent: str) -> str:
     return chat_agent.replace(".chat", ".approval")
 
 
+@OWN_PROCESS
 def test_the_processs_executor_prepares_every_agent_as_it_starts_and_freezes_it(tmp_path):
     """The process's executor (as ``get_executor`` makes it) prepares every agent of the
     catalogue before work arrives and then freezes what it made: a framework agent's first
@@ -63,6 +69,7 @@ def test_the_processs_executor_prepares_every_agent_as_it_starts_and_freezes_it(
     assert result["frozen"] > 100_000  # the frameworks' modules, among the rest
 
 
+@OWN_PROCESS
 def test_the_start_prepares_a_waiting_attempts_agent_first_and_goes_past_a_hung_one(tmp_path):
     """As a process's executor starts, an attempt's agent is prepared before the
     catalogue's others that wait their turn, which then wait for it; one whose preparation

@@ -14,6 +14,9 @@ from harness.processes import Process, free_port, wait_until
 from runs.providers.client import ChatClient, ProviderConfig, ProviderError
 from runs.providers.stub import Behaviour
 
+# No test here uses the test database: its verdict is the same on either backend.
+pytestmark = pytest.mark.one_backend
+
 KEY = "sk-test-0123456789abcdef"
 HELLO = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}]
 SEARCH = {"type": "function", "function": {"name": "search", "description": "Search.",

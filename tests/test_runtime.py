@@ -13,6 +13,9 @@ from runs.runtime.ends import GATHER, Ends
 from runs.runtime.registry import Entry, Registry
 from runs.runtime.token import CancellationToken, Why
 
+# No test here uses the test database: its verdict is the same on either backend.
+pytestmark = pytest.mark.one_backend
+
 
 def test_cancelling_a_parent_cancels_its_children_but_not_the_reverse():
     parent = CancellationToken()
