@@ -3,9 +3,11 @@ import shutil
 import subprocess
 import sys
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import time_machine
 from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import connections
@@ -76,6 +78,24 @@ def client_for(user: User | None) -> APIClient:
     if user is not None:
         client.credentials(HTTP_AUTHORIZATION=f"Token {api_key_for(user)}")
     return client
+
+
+# The throttle of logins and API keys with small limits (test_logins, test_keys), and a clock
+# that stands still until a test moves it on.
+AUTH_LIMIT = 3
+AUTH_PERIOD = 60
+
+
+@pytest.fixture
+def small_auth_limits(settings):
+    settings.AWAKEN_AUTH_FAILURES = AUTH_LIMIT
+    settings.AWAKEN_AUTH_LOCKOUT_SECONDS = AUTH_PERIOD
+
+
+@pytest.fixture
+def clock():
+    with time_machine.travel(datetime(2026, 5, 1, 12, 0, tzinfo=UTC), tick=False) as traveller:
+        yield traveller
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import urllib.request
 from datetime import UTC, datetime
 
 import pytest
-import time_machine
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 from django.db import connection
@@ -24,26 +23,12 @@ from runs.domain.keys import api_key_issue, key_digest, user_for_api_key
 from runs.domain.roles import is_operator, is_viewer
 from runs.domain.throttle import failure_record
 from runs.models import ApiKey, AuthFailure, AuthScope
+from tests.conftest import AUTH_LIMIT as LIMIT
+from tests.conftest import AUTH_PERIOD as PERIOD
 from tests.conftest import HAS_SERVICES, browser_for, db_state, make_user
 from tests.factories import queued_run
 
-pytestmark = pytest.mark.django_db
-
-LIMIT = 3
-PERIOD = 60
-START = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture(autouse=True)
-def small_limits(settings):
-    settings.AWAKEN_AUTH_FAILURES = LIMIT
-    settings.AWAKEN_AUTH_LOCKOUT_SECONDS = PERIOD
-
-
-@pytest.fixture
-def clock():
-    with time_machine.travel(START, tick=False) as traveller:
-        yield traveller
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("small_auth_limits")]
 
 
 @pytest.fixture

@@ -1,32 +1,15 @@
 """Failed logins are throttled (django-axes): per (username, address) pair, answered 429 with
 Retry-After and a page that says when to try again, and no password is hashed meanwhile."""
 
-from datetime import UTC, datetime
-
 import pytest
-import time_machine
 from django.contrib.auth.hashers import MD5PasswordHasher
 from django.test import Client
 
+from tests.conftest import AUTH_LIMIT as LIMIT
+from tests.conftest import AUTH_PERIOD as PERIOD
 from tests.conftest import make_user
 
-pytestmark = pytest.mark.django_db
-
-LIMIT = 3
-PERIOD = 60
-START = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture(autouse=True)
-def small_limits(settings):
-    settings.AWAKEN_AUTH_FAILURES = LIMIT
-    settings.AWAKEN_AUTH_LOCKOUT_SECONDS = PERIOD
-
-
-@pytest.fixture
-def clock():
-    with time_machine.travel(START, tick=False) as traveller:
-        yield traveller
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("small_auth_limits")]
 
 
 def login(username: str, password: str, address: str = "10.0.0.1",
