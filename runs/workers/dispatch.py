@@ -19,6 +19,7 @@ from prometheus_client import Counter
 
 from runs.domain.errors import Busy, NotActive
 from runs.workers.broker import BrokerFull, broker_threads
+from runs.workers.kombu import forget_late_answers
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +227,7 @@ def _ask_owner(*, node: str, arguments: dict, reply: bool = True) -> bool:
     after the asker gave up) ended the wait with no answer, and the command was reported
     not taken while the worker went on to take it. The limit is left wide and the
     callback, which sees only this command's replies, stops the collection when its answer
-    is in."""
+    is in. The late answers the collection read are then dropped (``runs.workers.kombu``)."""
     threads = broker_threads()
     answers = []
 
@@ -246,4 +247,6 @@ def _ask_owner(*, node: str, arguments: dict, reply: bool = True) -> bool:
         log.warning("live %s for run %s not sent", arguments["command"], arguments["run_id"],
                     exc_info=True)
         return False
+    finally:
+        forget_late_answers(current_app.control.mailbox)
     return any(answer.get("applied") for body in answers for answer in body.values())
