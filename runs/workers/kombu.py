@@ -10,7 +10,8 @@ its ticket, for a collection of that ticket. None ever comes: a collection takes
 kept for its own ticket only as it begins, before it reads its queue, and by then the
 asking thread has had its answer or given up. Celery's ``broadcast`` binds a shallow copy
 of ``app.control.mailbox`` to each connection, so every copy keeps to the one dictionary of
-the process, which grew by an entry for each late answer for as long as the process lived.
+the process, which would grow by an entry for each late answer for as long as the process
+lives.
 
 ``forget_late_answers`` empties it once a command's collection is over, and counts what it
 drops. Every entry is a late answer: a thread's own answers come to its own queue, which
