@@ -62,11 +62,14 @@ def test_the_kept_connection_sends_creates_on_one_socket_and_reads_only_their_st
         stranger.close()
 
 
+# A process that burns 0.4 s of CPU, in user mode (BURN % "sum(range(20_000))") or in the
+# kernel (BURN % "os.read(zero, 1 << 20)", copying zeros), then says so and waits.
 BURN = """
-import sys, time
+import os, sys, time
+zero = os.open("/dev/zero", os.O_RDONLY)
 end = time.process_time() + 0.4
 while time.process_time() < end:
-    pass
+    %s
 print("burnt", flush=True)
 sys.stdin.read()
 """
@@ -74,18 +77,23 @@ sys.stdin.read()
 
 @pytest.mark.django_db  # on PostgreSQL the meter reads the server's processes too
 def test_the_cpu_meter_counts_the_benchmark_apart_from_the_processes_it_started():
-    child = subprocess.Popen([sys.executable, "-c", BURN], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    children = {name: subprocess.Popen([sys.executable, "-c", BURN % work],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                for name, work in (("summing", "sum(range(20_000))"),
+                                   ("copying", "os.read(zero, 1 << 20)"))}
     try:
-        meter = CpuMeter({"system": [child.pid]})
-        assert child.stdout.readline().strip() == "burnt"  # it has burnt 0.4 s of CPU
+        meter = CpuMeter({name: [child.pid] for name, child in children.items()})
+        for child in children.values():
+            assert child.stdout.readline().strip() == "burnt"  # it has burnt 0.4 s of CPU
         spent = meter.per(1)
     finally:
-        child.stdin.close()
-        child.wait(30)
-    assert spent["system"] >= 300  # ms
-    assert spent["client"] < 100  # this process waited; the child's CPU is not its own
-    assert spent["total"] == spent["system"] + spent["client"] + spent["PostgreSQL"]
+        for child in children.values():
+            child.stdin.close()
+            child.wait(30)
+    assert spent["summing"] >= 300 and spent["copying"] >= 300  # ms
+    assert spent["client"] < 100  # this process waited; the children's CPU is not its own
+    assert spent["total"] == sum(spent[name] for name in (*children, "client", "PostgreSQL"))
+    assert meter.kernel["summing"] < 0.25 < 0.75 < meter.kernel["copying"]
 
 
 def printed(load: float, autovacuum: bool = True) -> str:

@@ -924,7 +924,7 @@ class Command(BaseCommand):
                     rows.append((key, f"lifecycles per second, {how}", rates[name][-1],
                                  f"{completed} of {sent} completed in {elapsed:.1f} s, "
                                  f"{where}; {load_span(load)}"))
-                    rows += cpu_rows(key, "lifecycle", how, spent)
+                    rows += cpu_rows(key, "lifecycle", how, spent, cpu.kernel)
                     system_cpu[name].append(rows[-2][2])
             if no_baseline:
                 continue
@@ -942,7 +942,7 @@ class Command(BaseCommand):
                 rows.append((key, "baseline: Celery + database, tasks per second",
                              rates["baseline"][-1],
                              f"{done} in {elapsed:.1f} s; {baseline.note}; {load_span(load)}"))
-                rows += cpu_rows(key, "task", "baseline", spent)
+                rows += cpu_rows(key, "task", "baseline", spent, cpu.kernel)
                 system_cpu["baseline"].append(rows[-2][2])
             if dbos:
                 made = dbos_lifecycle(key, total, workers, every, dbos_poll)
@@ -1579,9 +1579,10 @@ class CpuMeter:
         process's by default); ``own_backends``: more backends of the benchmark's own
         there (its connection to that database)."""
         self.groups, self.database, self.own_backends = groups, database, list(own_backends)
+        self.kernel: dict[str, float] = {}
         self.start = self.read()
 
-    def read(self) -> dict[str, dict[int, float]]:
+    def read(self) -> dict[str, dict[int, tuple[float, float]]]:
         figures = {name: {pid: self.cpu(pid) for root in roots for pid in self.tree(root)}
                    for name, roots in self.groups.items()}
         backends = []
@@ -1598,21 +1599,28 @@ class CpuMeter:
         return figures
 
     def per(self, count: int) -> dict[str, float]:
-        """Milliseconds of CPU per item of ``count`` since made, by group, and ``total``."""
+        """Milliseconds of CPU per item of ``count`` since made, by group, and ``total``;
+        ``kernel`` then holds the share of each group's that was spent in the kernel."""
         end = self.read()
-        spent = {name: sum(seconds - self.start[name].get(pid, 0.0)
-                           for pid, seconds in end[name].items()) * 1000 / max(count, 1)
-                 for name in end}
+        spent, self.kernel = {}, {}
+        for name, pids in end.items():
+            user = kernel = 0.0
+            for pid, (user_now, kernel_now) in pids.items():
+                user_then, kernel_then = self.start[name].get(pid, (0.0, 0.0))
+                user, kernel = user + user_now - user_then, kernel + kernel_now - kernel_then
+            spent[name] = (user + kernel) * 1000 / max(count, 1)
+            self.kernel[name] = kernel / (user + kernel) if user + kernel > 0 else 0.0
         return {"total": sum(spent.values()), **spent}
 
     @classmethod
-    def cpu(cls, pid: int) -> float:
+    def cpu(cls, pid: int) -> tuple[float, float]:
+        """Seconds of CPU ``pid`` has spent: in user mode, and in the kernel."""
         try:
             with open(f"/proc/{pid}/stat") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()
         except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / cls.TICK  # utime, stime
+            return 0.0, 0.0
+        return int(fields[11]) / cls.TICK, int(fields[12]) / cls.TICK  # utime, stime
 
     @classmethod
     def tree(cls, pid: int) -> list[int]:
@@ -1692,13 +1700,15 @@ def runs_ended_since(user_id: int, since) -> tuple[int, int]:
         return cursor.fetchone()
 
 
-def cpu_rows(key: str, unit: str, how: str, spent: dict) -> list:
+def cpu_rows(key: str, unit: str, how: str, spent: dict, kernel: dict) -> list:
     """The CPU rows of a throughput measurement: the system's (every group but the
-    benchmark's client, and PostgreSQL) and the client's, ms per ``unit``."""
+    benchmark's client, and PostgreSQL) and the client's, ms per ``unit``; the system's
+    note says what share of each group's was spent in the kernel (``CpuMeter.kernel``)."""
     client = spent.pop("client")
     total = spent.pop("total") - client
     return [(key, f"system CPU ms per {unit}, {how}", total,
-             ", ".join(f"{name} {ms:.2f}" for name, ms in spent.items())),
+             ", ".join(f"{name} {ms:.2f}" for name, ms in spent.items()) + "; in the kernel "
+             + ", ".join(f"{name} {kernel[name]:.0%}" for name in spent)),
             (key, f"bench client CPU ms per {unit}, {how}", client,
              f"{CALLERS} callers and the count: this process alone and its database "
              "backend")]
@@ -1803,7 +1813,7 @@ def dbos_lifecycle(key: str, total: int, workers: int, every: float, poll: float
     client = spent["client"]
     return [(key, name, done / elapsed, f"{done} in {elapsed:.1f} s; {system.note}; "
                                         f"{load_span(load)}"),
-            *cpu_rows(key, "workflow", "DBOS baseline", spent)[:1],
+            *cpu_rows(key, "workflow", "DBOS baseline", spent, cpu.kernel)[:1],
             (key, "bench client CPU ms per workflow, DBOS baseline", client,
              f"{CALLERS} callers and the count: this process and its backends; the "
              "enqueue's Python (DBOSClient, SQLAlchemy) runs here, with no web process "
