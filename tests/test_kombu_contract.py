@@ -6,6 +6,7 @@ import pytest
 from celery import current_app
 from prometheus_client import REGISTRY
 
+from runs.domain.errors import NotActive
 from runs.workers import dispatch
 
 # No test here uses the test database: its verdict is the same on either backend.
@@ -56,11 +57,10 @@ def test_a_live_command_drops_the_late_answers_its_collection_read(mailbox, sett
     mailbox.unclaimed["earlier-1"].append({"worker@host": {"applied": False}})
     mailbox.unclaimed["earlier-2"].append({"worker@host": {"applied": False}})
     before = late_answers()
-    taken = dispatch._ask_owner(node="nobody@nowhere", arguments={
-        "run_id": "00000000-0000-0000-0000-000000000000", "generation": 1,
-        "command": "cancel", "actor": "tests", "source": "api", "message": None,
-        "deadline": 0.0})
-    assert taken is False
+    with pytest.raises(NotActive):
+        dispatch.send_command_and_wait(run_id="00000000-0000-0000-0000-000000000000",
+                                       generation=1, owner="nobody@nowhere:1",
+                                       command="cancel", actor="tests", source="api")
     assert not mailbox.unclaimed
     assert late_answers() - before == 2
 

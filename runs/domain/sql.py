@@ -34,6 +34,7 @@ converted as the ORM converts them. tests/test_sql.py holds each statement to th
 import datetime
 import threading
 import uuid
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -748,13 +749,13 @@ def _column(model, name: str) -> str:
     return quoted(model._meta.get_field(name).column)
 
 
-def _aliases(model, names: tuple, prefix: str) -> list[str]:
+def _aliases(model, names: Sequence[str], prefix: str) -> list[str]:
     """The names an ``UNNEST`` gives the arrays of ``model``'s fields ``names``, quoted:
     ``prefix`` and the column's name."""
     return [quoted(f"{prefix}_{model._meta.get_field(n).column}") for n in names]
 
 
-def _arrays(model, names: tuple) -> str:
+def _arrays(model, names: Sequence[str]) -> str:
     """The parameters of an ``UNNEST``: one array of the values of each field ``names``."""
     return ", ".join(f"%s::{_array_type(model, n)}" for n in names)
 
