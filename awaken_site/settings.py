@@ -159,6 +159,7 @@ def _database() -> dict:
     if not url:
         url = f"sqlite:///{_private_var_dir()}"
     config = dj_database_url.parse(url)
+    given = config.get("OPTIONS", {})  # the URL's query
     if config["ENGINE"] == "django.db.backends.sqlite3":
         config["OPTIONS"] = {
             # BEGIN IMMEDIATE: a transaction that locks a run and then writes it never
@@ -192,7 +193,17 @@ def _database() -> dict:
         }
     else:
         raise ImproperlyConfigured(f"DATABASE_URL must be sqlite:// or postgres://, not {url!r}")
+    config["OPTIONS"] = _url_options_on_top(config["OPTIONS"], given)
     return config
+
+
+def _url_options_on_top(ours: dict, given: dict) -> dict:
+    """Our connection options with those of the URL's query over them: what the URL names
+    (``sslmode``, ``sslrootcert``, ``application_name``, ``connect_timeout``, ...) is the
+    deployment's choice. Server settings (PostgreSQL's ``options``) are joined, ours first,
+    so that the URL's ``-c`` of a setting we also give wins."""
+    options = " ".join(filter(None, (ours.get("options"), given.get("options"))))
+    return {**ours, **given, **({"options": options} if options else {})}
 
 
 DATABASES = {"default": _database()}

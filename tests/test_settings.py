@@ -1,0 +1,37 @@
+"""The site's settings as a deployment gives them, read by a process of its own."""
+
+import os
+import subprocess
+import sys
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import pytest
+
+from harness.processes import ROOT
+
+SHOWN = ("application_name", "statement_timeout", "idle_in_transaction_session_timeout")
+
+
+@pytest.mark.postgres
+def test_the_database_urls_parameters_reach_the_connection_over_the_sites_own(tmp_path):
+    # A deployment names TLS, its name in pg_stat_activity and server settings in the URL;
+    # the site's own options (the pool, idle_in_transaction_session_timeout) stay beside
+    # them, and a setting both give is the URL's.
+    server = urlsplit(os.environ["DATABASE_URL"])
+    query = ("sslmode=disable&application_name=awaken-probe&options="
+             + quote("-c statement_timeout=4321 -c idle_in_transaction_session_timeout=2500"))
+    url = urlunsplit((server.scheme, server.netloc, "/postgres", query, ""))
+    probe = ("from django.db import connection\n"
+             "with connection.cursor() as cursor:\n"
+             f"    for name in {SHOWN!r}:\n"
+             "        cursor.execute('SHOW ' + name)\n"
+             "        print(cursor.fetchone()[0])\n"
+             "print(' '.join(sorted(connection.settings_dict['OPTIONS'])))\n")
+    env = {"PATH": os.environ["PATH"], "DATABASE_URL": url, "SECRET_KEY": "x" * 50,
+           "DJANGO_SETTINGS_MODULE": "awaken_site.settings", "AWAKEN_VAR_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "manage.py", "shell", "-c", probe], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    *shown, options = result.stdout.strip().splitlines()[-4:]
+    assert shown == ["awaken-probe", "4321ms", "2500ms"]
+    assert {"pool", "prepare_threshold", "sslmode"} <= set(options.split())
