@@ -190,6 +190,17 @@ def _database() -> dict:
             # sweeper would wait on them for ever: the server ends such a session instead.
             # No transaction here waits on anything but the database.
             "options": f"-c idle_in_transaction_session_timeout={round(idle * 1000)}",
+            # A server or network that goes silent is given up on, not waited for: a new
+            # connection waits 10 s at most; the kernel probes one idle for 10 s every 5 s
+            # and drops it after 3 unanswered probes, or once data it sent has gone 30 s
+            # unacknowledged. The query then fails with an error, the pool opens another.
+            # (A silent server is not a slow one: a long query is never cut short.)
+            "connect_timeout": 10,
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+            "tcp_user_timeout": 30_000,
         }
     else:
         raise ImproperlyConfigured(f"DATABASE_URL must be sqlite:// or postgres://, not {url!r}")

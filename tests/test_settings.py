@@ -1,11 +1,13 @@
 """The site's settings as a deployment gives them, read by a process of its own."""
 
 import os
+import socket
 import subprocess
 import sys
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
+from django.db import connection
 
 from harness.processes import ROOT
 
@@ -35,3 +37,20 @@ def test_the_database_urls_parameters_reach_the_connection_over_the_sites_own(tm
     *shown, options = result.stdout.strip().splitlines()[-4:]
     assert shown == ["awaken-probe", "4321ms", "2500ms"]
     assert {"pool", "prepare_threshold", "sslmode"} <= set(options.split())
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_a_database_connection_asks_the_kernel_to_give_up_on_a_silent_server():
+    # A query to a server whose host or network went away would otherwise wait for ever
+    # (a request acknowledged, never answered) or some fifteen minutes (one unacknowledged).
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        held = socket.socket(fileno=os.dup(connection.connection.pgconn.socket))
+    try:
+        assert held.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert [held.getsockopt(socket.IPPROTO_TCP, option) for option in (
+            socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT,
+            socket.TCP_USER_TIMEOUT)] == [10, 5, 3, 30_000]
+    finally:
+        held.close()
