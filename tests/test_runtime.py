@@ -6,10 +6,12 @@ import threading
 
 import pytest
 
+from harness.processes import wait_until
 from runs import domain
 from runs.domain import Ending
 from runs.runtime.agent import Context, Interrupted
 from runs.runtime.ends import GATHER, Ends
+from runs.runtime.loop import WorkerLoop
 from runs.runtime.registry import Entry, Registry
 from runs.runtime.token import CancellationToken, Why
 
@@ -257,3 +259,17 @@ def test_ends_waiting_on_a_writer_cancelled_with_the_loop_do_not_wait_for_ever()
         assert await ended(ends, "c")  # a new writer for the next
 
     asyncio.run(main())
+
+
+def test_a_closed_worker_loop_leaves_no_thread_behind():
+    # A loop made by a process that goes on (an executor of the tests) ends its thread and
+    # the threads its calls took from the loop's own executor (a name lookup, say).
+    worker_loop = WorkerLoop(db_threads=1)
+
+    async def a_call_on_the_loops_executor():
+        return await asyncio.get_running_loop().run_in_executor(None, threading.current_thread)
+
+    used = worker_loop.submit(a_call_on_the_loops_executor()).result(timeout=10)
+    assert used.is_alive()  # an executor keeps its threads for the next call
+    worker_loop.close()
+    wait_until(lambda: not used.is_alive(), 10, "the executor's thread to end")

@@ -53,6 +53,8 @@ class WorkerLoop:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # The threads of the loop's own executor (name lookups among its calls) end too.
+            await asyncio.get_running_loop().shutdown_default_executor()
             asyncio.get_running_loop().stop()
 
         self.submit(stop())
