@@ -3,6 +3,7 @@ the ends of attempts gathered into one transaction."""
 
 import asyncio
 import threading
+from queue import SimpleQueue
 
 import pytest
 
@@ -273,3 +274,24 @@ def test_a_closed_worker_loop_leaves_no_thread_behind():
     assert used.is_alive()  # an executor keeps its threads for the next call
     worker_loop.close()
     wait_until(lambda: not used.is_alive(), 10, "the executor's thread to end")
+
+
+def test_a_call_stuck_on_the_loops_executor_does_not_keep_it_from_stopping():
+    worker_loop, release, threads = WorkerLoop(db_threads=1), threading.Event(), SimpleQueue()
+
+    def hang():
+        threads.put(threading.current_thread())
+        release.wait()
+
+    async def a_call_that_hangs():
+        asyncio.get_running_loop().run_in_executor(None, hang)
+
+    worker_loop.submit(a_call_that_hangs()).result(timeout=10)
+    stuck = threads.get(timeout=10)
+    try:
+        worker_loop.close()
+        wait_until(lambda: not worker_loop.loop.is_running(), 10, "the loop to stop")
+        assert stuck.is_alive()
+    finally:
+        release.set()
+    wait_until(lambda: not stuck.is_alive(), 10, "its thread to end once the call returns")

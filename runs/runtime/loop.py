@@ -20,6 +20,9 @@ class WorkerLoop:
         self.db_threads = db_threads
         self._db = ThreadPoolExecutor(db_threads, thread_name_prefix="awaken-db")
         self.loop = asyncio.new_event_loop()
+        # The loop's own executor (name lookups among its calls), held to be shut down.
+        self._calls = ThreadPoolExecutor(thread_name_prefix="awaken-loop")
+        self.loop.set_default_executor(self._calls)
         self._thread = threading.Thread(target=self._serve, name="awaken-executor",
                                         daemon=True)
         self._thread.start()
@@ -53,8 +56,9 @@ class WorkerLoop:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            # The threads of the loop's own executor (name lookups among its calls) end too.
-            await asyncio.get_running_loop().shutdown_default_executor()
+            # The loop's own executor's threads end too, each idle one now and one still in
+            # a call once it returns: no call holds up the loop's stop.
+            self._calls.shutdown(wait=False, cancel_futures=True)
             asyncio.get_running_loop().stop()
 
         self.submit(stop())
