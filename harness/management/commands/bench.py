@@ -142,9 +142,9 @@ AUTOVACUUM_DUE = f"""
 """
 
 
-def vacuum_tables() -> list[str]:
+def vacuum_tables() -> None:
     """The tables vacuumed and analyzed that a server whose autovacuum is on would have
-    (``AUTOVACUUM_DUE``), as that server keeps them; the statements run.
+    (``AUTOVACUUM_DUE``), as that server keeps them.
 
     Without statistics the planner guesses the rows of each condition, and may choose plans
     for the statements of a transition that no such server would; and the dead versions of
@@ -153,7 +153,6 @@ def vacuum_tables() -> list[str]:
     thresholds are left as they are, as that server leaves them: an empty table analyzed
     tells the planner it holds nothing, and the plans a connection keeps for its life (the
     foreign keys' checks among them) would then read the whole table as it grows."""
-    done = []
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute(AUTOVACUUM_DUE)
@@ -161,9 +160,7 @@ def vacuum_tables() -> list[str]:
             if vacuum or analyze:
                 what = ("VACUUM (ANALYZE)" if vacuum and analyze
                         else "VACUUM" if vacuum else "ANALYZE")
-                done.append(f"{what} {sql.quoted(table)}")
-                cursor.execute(done[-1])
-    return done
+                cursor.execute(f"{what} {sql.quoted(table)}")
 
 
 @dataclass
