@@ -1,4 +1,5 @@
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -78,6 +79,16 @@ def client_for(user: User | None) -> APIClient:
     if user is not None:
         client.credentials(HTTP_AUTHORIZATION=f"Token {api_key_for(user)}")
     return client
+
+
+def site_command(*args: str, var_dir: Path, **env: str) -> subprocess.CompletedProcess:
+    """``manage.py *args`` in a process of its own on the site's settings, configured by
+    ``env`` alone (none of this process's variables but ``PATH``), its ``var/`` in
+    ``var_dir``: what a deployment's process makes of what it is given."""
+    environment = {"PATH": os.environ["PATH"], "DJANGO_SETTINGS_MODULE": "awaken_site.settings",
+                   "AWAKEN_VAR_DIR": str(var_dir), **env}
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, timeout=120)
 
 
 # The throttle of logins and API keys with small limits (test_logins, test_keys), and a clock

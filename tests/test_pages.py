@@ -1,16 +1,13 @@
 """The HTML pages: who sees what, and the partials the live page swaps in."""
 
 import re
-import subprocess
-import sys
 import threading
 from html.parser import HTMLParser
 
 import pytest
 
-from harness.processes import ROOT
 from runs import domain
-from tests.conftest import browser_for, make_user
+from tests.conftest import browser_for, make_user, site_command
 from tests.factories import awaiting_run, queued_run, running_run
 
 pytestmark = pytest.mark.django_db
@@ -116,18 +113,13 @@ def test_healthz_needs_no_user():
     assert isinstance(body["workers"], int)
 
 
-def test_without_debug_the_server_refuses_to_start_without_a_secret_key():
-    env = {"PATH": "/usr/bin:/bin", "DEBUG": "0", "DJANGO_SETTINGS_MODULE": "awaken_site.settings"}
-    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env,
-                            capture_output=True, text=True)
+def test_without_debug_the_server_refuses_to_start_without_a_secret_key(tmp_path):
+    result = site_command("check", var_dir=tmp_path, DEBUG="0")
     assert result.returncode != 0 and "SECRET_KEY must be set" in result.stderr
 
 
-def test_a_setting_out_of_its_range_stops_the_server_with_its_name():
-    env = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "awaken_site.settings",
-           "SECRET_KEY": "x", "AWAKEN_DISPATCH_LINGER": "30"}
-    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env,
-                            capture_output=True, text=True)
+def test_a_setting_out_of_its_range_stops_the_server_with_its_name(tmp_path):
+    result = site_command("check", var_dir=tmp_path, SECRET_KEY="x", AWAKEN_DISPATCH_LINGER="30")
     assert result.returncode != 0
     assert "AWAKEN_DISPATCH_LINGER must be at most 1, not 30.0" in result.stderr
 

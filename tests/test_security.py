@@ -1,18 +1,14 @@
 """Every URL and both sockets check who is asking; production settings pass the deploy check."""
 
-import os
 import re
 import secrets
-import subprocess
-import sys
 import uuid
 
 import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, resolve
 
-from harness.processes import ROOT
-from tests.conftest import client_for
+from tests.conftest import client_for, site_command
 from tests.factories import queued_run
 
 pytestmark = pytest.mark.django_db
@@ -104,16 +100,12 @@ def test_every_control_refuses_viewers(viewer, route):
 
 
 def test_production_settings_pass_the_deploy_check(tmp_path):
-    env = {"PATH": os.environ["PATH"], "DEBUG": "0", "SECRET_KEY": secrets.token_urlsafe(60),
-           "ALLOWED_HOSTS": "runs.example.com", "SECURE_COOKIES": "1",
-           "SECURE_SSL_REDIRECT": "1", "SECURE_HSTS_SECONDS": "31536000",
-           "SECURE_HSTS_PRELOAD": "1", "SECURE_HSTS_INCLUDE_SUBDOMAINS": "1",
-           "BEHIND_TLS_PROXY": "1",
-           "DJANGO_SETTINGS_MODULE": "awaken_site.settings",
-           "AWAKEN_VAR_DIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, "manage.py", "check", "--deploy",
-                             "--fail-level", "WARNING"], cwd=ROOT, env=env,
-                            capture_output=True, text=True)
+    result = site_command("check", "--deploy", "--fail-level", "WARNING", var_dir=tmp_path,
+                          DEBUG="0", SECRET_KEY=secrets.token_urlsafe(60),
+                          ALLOWED_HOSTS="runs.example.com", SECURE_COOKIES="1",
+                          SECURE_SSL_REDIRECT="1", SECURE_HSTS_SECONDS="31536000",
+                          SECURE_HSTS_PRELOAD="1", SECURE_HSTS_INCLUDE_SUBDOMAINS="1",
+                          BEHIND_TLS_PROXY="1")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -124,10 +116,7 @@ def test_hsts_names_subdomains_only_when_asked(settings, tmp_path):
     settings.SECURE_HSTS_INCLUDE_SUBDOMAINS = False
     header = Client().get("/healthz", secure=True)["Strict-Transport-Security"]
     assert header == "max-age=3600"
-    env = {"PATH": os.environ["PATH"], "SECRET_KEY": "x", "SECURE_HSTS_SECONDS": "60",
-           "DJANGO_SETTINGS_MODULE": "awaken_site.settings",
-           "AWAKEN_VAR_DIR": str(tmp_path)}
     probe = "from django.conf import settings; print(settings.SECURE_HSTS_INCLUDE_SUBDOMAINS)"
-    result = subprocess.run([sys.executable, "manage.py", "shell", "-c", probe], cwd=ROOT,
-                            env=env, capture_output=True, text=True)
+    result = site_command("shell", "-c", probe, var_dir=tmp_path, SECRET_KEY="x",
+                          SECURE_HSTS_SECONDS="60")
     assert result.stdout.strip().splitlines()[-1] == "False", result.stderr

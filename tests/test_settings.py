@@ -2,14 +2,12 @@
 
 import os
 import socket
-import subprocess
-import sys
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 from django.db import connection
 
-from harness.processes import ROOT
+from tests.conftest import site_command
 
 SHOWN = ("application_name", "statement_timeout", "idle_in_transaction_session_timeout")
 
@@ -29,10 +27,8 @@ def test_the_database_urls_parameters_reach_the_connection_over_the_sites_own(tm
              "        cursor.execute('SHOW ' + name)\n"
              "        print(cursor.fetchone()[0])\n"
              "print(' '.join(sorted(connection.settings_dict['OPTIONS'])))\n")
-    env = {"PATH": os.environ["PATH"], "DATABASE_URL": url, "SECRET_KEY": "x" * 50,
-           "DJANGO_SETTINGS_MODULE": "awaken_site.settings", "AWAKEN_VAR_DIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, "manage.py", "shell", "-c", probe], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=60)
+    result = site_command("shell", "-c", probe, var_dir=tmp_path, DATABASE_URL=url,
+                          SECRET_KEY="x" * 50)
     assert result.returncode == 0, result.stderr
     *shown, options = result.stdout.strip().splitlines()[-4:]
     assert shown == ["awaken-probe", "4321ms", "2500ms"]
