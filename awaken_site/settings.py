@@ -172,7 +172,7 @@ def _database() -> dict:
         # A connection pool, not persistent connections: under ASGI every request runs in a
         # thread of its own, and a per-thread connection would be a new one per request.
         config["CONN_MAX_AGE"] = 0
-        idle = envnumber("DB_IDLE_IN_TRANSACTION_SECONDS", "10", kind=float, minimum=0.1)
+        pooled = DB_POOLER == "transaction"
         config["OPTIONS"] = {
             "pool": {
                 "min_size": envnumber("DB_POOL_MIN", "2", minimum=0),
@@ -183,13 +183,19 @@ def _database() -> dict:
             # Parameters bound by the server, and a statement prepared the fifth time a
             # connection runs it (Django leaves preparing off unless asked): the few
             # statements of the transitions are parsed and planned once per connection.
+            # Behind a transaction pooler a statement prepared on one server session would
+            # be looked for on another, and the pooler refuses a session's own settings
+            # (``options``): neither is asked for there.
             "server_side_binding": True,
-            "prepare_threshold": 5,
+            "prepare_threshold": None if pooled else 5,
             # A process frozen inside a transaction (stopped, swapped out, stuck in a
             # debugger) would hold its row locks until its connection died, and the
             # sweeper would wait on them for ever: the server ends such a session instead.
-            # No transaction here waits on anything but the database.
-            "options": f"-c idle_in_transaction_session_timeout={round(idle * 1000)}",
+            # No transaction here waits on anything but the database. Behind a pooler the
+            # server's own setting does it (the database check ``awaken.W001`` says so).
+            **({} if pooled else {
+                "options": "-c idle_in_transaction_session_timeout="
+                           f"{round(DB_IDLE_IN_TRANSACTION_SECONDS * 1000)}"}),
             # A server or network that goes silent is given up on, not waited for: a new
             # connection waits 10 s at most; the kernel probes one idle for 10 s every 5 s
             # and drops it after 3 unanswered probes, or once data it sent has gone 30 s
@@ -202,10 +208,23 @@ def _database() -> dict:
             "keepalives_count": 3,
             "tcp_user_timeout": 30_000,
         }
+        # A server-side cursor (``QuerySet.iterator()``) outlives its transaction, which a
+        # transaction pooler does not keep on one server session.
+        config["DISABLE_SERVER_SIDE_CURSORS"] = pooled
     else:
         raise ImproperlyConfigured(f"DATABASE_URL must be sqlite:// or postgres://, not {url!r}")
     config["OPTIONS"] = _url_options_on_top(config["OPTIONS"], given)
     return config
+
+
+def _pooler() -> str:
+    """``DB_POOLER``: empty when the site's pools talk to PostgreSQL itself, ``transaction``
+    when a pooler in transaction mode (PgBouncer's ``pool_mode = transaction``) stands
+    between them."""
+    pooler = os.getenv("DB_POOLER", "").strip().lower()
+    if pooler not in ("", "transaction"):
+        raise ImproperlyConfigured(f"DB_POOLER must be empty or transaction, not {pooler!r}")
+    return pooler
 
 
 def _url_options_on_top(ours: dict, given: dict) -> dict:
@@ -217,6 +236,9 @@ def _url_options_on_top(ours: dict, given: dict) -> dict:
     return {**ours, **given, **({"options": options} if options else {})}
 
 
+DB_POOLER = _pooler()
+DB_IDLE_IN_TRANSACTION_SECONDS = envnumber("DB_IDLE_IN_TRANSACTION_SECONDS", "10", kind=float,
+                                           minimum=0.1)
 DATABASES = {"default": _database()}
 
 # --- Shares of the web process (awaken_site/request_share.py) -------------------------------

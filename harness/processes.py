@@ -1,6 +1,6 @@
 """The system's processes, started as a user would start them: daphne, Celery workers, the
-Celery beat sweeper, a private Redis server and the embedded site (``manage.py serve``), for
-the tests and ``manage.py bench``.
+Celery beat sweeper, a private Redis server, a private PgBouncer and the embedded site
+(``manage.py serve``), for the tests and ``manage.py bench``.
 
 Each is a child process with its output in a log file (a temporary one, removed with the
 process object, unless a folder for the logs is given). Its constructor starts it;
@@ -30,7 +30,7 @@ import weakref
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Self, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import psycopg
 from celery import Celery
@@ -413,6 +413,49 @@ class PrivateRedis(Process):
                 return sock.recv(64).startswith(b"+PONG")
         except OSError:
             return False
+
+
+PGBOUNCER = "/usr/sbin/pgbouncer"  # Debian's package (.ci/run installs it)
+
+
+class PrivatePgBouncer(Process):
+    """Debian's PgBouncer of one test's or benchmark's own on a free port of 127.0.0.1, in
+    transaction mode (``pool_mode = transaction``), in front of the server of
+    ``server_url`` with ``sessions`` server sessions for each database and user. ``url``
+    is ``server_url`` through it, for processes started with ``DB_POOLER=transaction``."""
+
+    def __init__(self, server_url: str, *, sessions: int, log_dir: Path | None = None):
+        if not Path(PGBOUNCER).exists():
+            raise ProcessFailed(f"{PGBOUNCER} is missing: apt-get install pgbouncer")
+        server = urlsplit(server_url)
+        user, password = unquote(server.username or "postgres"), unquote(server.password or "")
+        self.port = free_port()
+        self.url = urlunsplit((server.scheme, f"{server.netloc.rpartition('@')[0]}@127.0.0.1:"
+                               f"{self.port}", server.path, "", ""))
+        folder = Path(tempfile.mkdtemp(prefix="awaken-pgbouncer-"))
+        weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)
+        (folder / "users.txt").write_text(f'"{user}" "{password}"\n')
+        (folder / "pgbouncer.ini").write_text(
+            f"[databases]\n* = host={server.hostname} port={server.port or 5432}\n"
+            f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {self.port}\n"
+            f"unix_socket_dir =\nauth_type = trust\nauth_file = {folder / 'users.txt'}\n"
+            f"pool_mode = transaction\ndefault_pool_size = {sessions}\n"
+            "max_client_conn = 1000\n")
+        # PgBouncer refuses to run as root: as root it is started as postgres, which must
+        # read its files.
+        folder.chmod(0o755)
+        for path in folder.iterdir():
+            path.chmod(0o644)
+        super().__init__([PGBOUNCER, *(["-u", "postgres"] if os.geteuid() == 0 else []),
+                          str(folder / "pgbouncer.ini")], name="pgbouncer",
+                         env=dict(os.environ), log_dir=log_dir)
+
+    def ready(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+        except OSError:
+            return False
+        return True
 
 
 class Site(Process):

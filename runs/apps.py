@@ -12,7 +12,9 @@ from importlib.metadata import entry_points
 
 from django.apps import AppConfig
 from django.conf import settings
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 
 ENTRY_POINT_GROUP = "awaken.agents"
 
@@ -35,6 +37,7 @@ class RunsConfig(AppConfig):
             import_module("runs.agents.demo")  # registers the demo agents
             frameworks.register_installed()  # the shipped agents of the installed frameworks
         load_agents(settings.AWAKEN_AGENTS)
+        checks.register(ended_when_idle_in_transaction, checks.Tags.database)
 
 
 def load_agents(modules, group: str = ENTRY_POINT_GROUP) -> None:
@@ -61,3 +64,28 @@ def load_agents(modules, group: str = ENTRY_POINT_GROUP) -> None:
             raise ImproperlyConfigured(f"The {group} entry point {point.name!r} "
                                        f"({point.value}) cannot be loaded: "
                                        f"{type(error).__name__}: {error}") from error
+
+
+def ended_when_idle_in_transaction(databases=None, **kwargs) -> list:
+    """Behind a transaction pooler (``DB_POOLER=transaction``) the site cannot give its
+    sessions ``idle_in_transaction_session_timeout`` (``DB_IDLE_IN_TRANSACTION_SECONDS``):
+    warn when the server does not end a session idle inside a transaction, whose row locks
+    a frozen process would otherwise hold for ever. A database check: ``migrate`` runs it,
+    and ``check --database default``."""
+    if settings.DB_POOLER != "transaction" or "default" not in (databases or ()):
+        return []
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT current_setting('idle_in_transaction_session_timeout'), "
+                       "quote_ident(current_user)")
+        timeout, role = cursor.fetchone()
+    if timeout != "0":
+        return []
+    seconds = settings.DB_IDLE_IN_TRANSACTION_SECONDS
+    return [checks.Warning(
+        "Behind a transaction pooler the site cannot set idle_in_transaction_session_timeout, "
+        "and the server leaves it off: a process frozen inside a transaction would hold its "
+        "row locks for ever.",
+        hint=f"ALTER ROLE {role} SET idle_in_transaction_session_timeout = "
+             f"'{seconds:g}s'; or set the pooler's own limit (PgBouncer's "
+             "idle_transaction_timeout) and silence awaken.W001.",
+        id="awaken.W001")]

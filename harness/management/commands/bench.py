@@ -42,6 +42,7 @@ from harness.dbos_baseline import DbosSystem
 from harness.processes import (
     Busy,
     EmbeddedSite,
+    PrivatePgBouncer,
     PrivateRedis,
     Process,
     Processes,
@@ -381,6 +382,11 @@ class Command(BaseCommand):
         parser.add_argument("--private-redis", action="store_true",
                             help="lifecycle: ours and Celery's on a Redis server of the "
                                  "benchmark's own, its CPU counted with the system's.")
+        parser.add_argument("--pooler", action="store_true",
+                            help="lifecycle: our web processes and workers reach PostgreSQL "
+                                 "through a PgBouncer of the benchmark's own in transaction "
+                                 f"mode ({POOLER_SESSIONS} server sessions, DB_POOLER="
+                                 "transaction), its CPU counted with the system's.")
         parser.add_argument("--list-runs", type=int, default=100_000,
                             help="list: runs in the database (imported in bulk if fewer).")
         parser.add_argument("--attempts", type=int, default=500,
@@ -498,7 +504,8 @@ class Command(BaseCommand):
                                                 options["rounds"], options["no_baseline"],
                                                 options["count_every"], options["webs"],
                                                 not options["no_dbos"], options["dbos_poll"],
-                                                options["private_redis"]),
+                                                options["private_redis"],
+                                                options["pooler"]),
             "list": lambda: self.list_latency(options["list_runs"]),
             "memory": lambda: (self.memory(options["attempts"])
                                + self.answers(options["answer_runs"], options["answer_bytes"])),
@@ -906,7 +913,8 @@ class Command(BaseCommand):
 
     def lifecycle(self, total: int, workers: int, rounds: int = 1, no_baseline: bool = False,
                   every: float = 0.25, webs: int = 1, dbos: bool = True,
-                  dbos_poll: float = 0.05, private_redis: bool = False) -> list:
+                  dbos_poll: float = 0.05, private_redis: bool = False,
+                  pooler: bool = False) -> list:
         """Lifecycles per second, by one protocol for every side: 8 callers send ``total``
         creates without waiting for any (``KeptConnection``, spread over ``webs`` web
         processes), ``workers`` worker processes complete them (create -> claim -> one step
@@ -921,26 +929,35 @@ class Command(BaseCommand):
         benchmark's own (its callers and its count), and the load average at the start and
         the end of its measurement. A baseline that cannot be measured is a row saying why.
         ``private_redis``: ours and Celery's run on a Redis server of the benchmark's own,
-        whose CPU is then counted with the system's."""
+        whose CPU is then counted with the system's. ``pooler``: our web processes and
+        workers reach PostgreSQL through a PgBouncer of the benchmark's own in transaction
+        mode (``DB_POOLER=transaction``), whose CPU is counted with ours."""
         spec = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
         bench_user = get_user_model().objects.get(username="bench").pk
         rows = []
         sides = ("singles", "batches", "baseline", "dbos")
         rates = {name: [] for name in sides}
         system_cpu = {name: [] for name in sides}
-        where = (f"{webs} web processes, " if webs > 1 else "") + f"{workers} workers"
+        where = ((f"{webs} web processes, " if webs > 1 else "") + f"{workers} workers"
+                 + (f" through PgBouncer ({POOLER_SESSIONS} server sessions)" if pooler else ""))
         for round_ in range(1, rounds + 1):
             key = f"{workers} wkr" if rounds == 1 else f"r{round_}"
             with ExitStack() as stack:
                 redis_server = (stack.enter_context(PrivateRedis()).wait_ready(30)
                                 if private_redis else None)
                 on_redis = ({"REDIS_URL": redis_server.url, "CELERY_BROKER_URL": redis_server.url}
-                            if redis_server else None)
+                            if redis_server else {})
+                pgbouncer = (stack.enter_context(PrivatePgBouncer(
+                    database_url(), sessions=POOLER_SESSIONS)).wait_ready(30)
+                             if pooler else None)
+                pooled = ({"DATABASE_URL": pgbouncer.url, "DB_POOLER": "transaction"}
+                          if pgbouncer else {})
                 started_webs, started_workers = stack.enter_context(
-                    self.system_of(webs, workers, on_redis))
+                    self.system_of(webs, workers, {**on_redis, **pooled} or None))
                 groups = {"web": [web.pid for web in started_webs],
                           "workers": [w.pid for w in started_workers],
-                          **({"Redis": [redis_server.pid]} if redis_server else {})}
+                          **({"Redis": [redis_server.pid]} if redis_server else {}),
+                          **({"PgBouncer": [pgbouncer.pid]} if pgbouncer else {})}
                 ports = [started_webs[caller % webs].port for caller in range(CALLERS)]
                 rows += self.request_floor(key, ports, groups, total // 2)
                 for how, size, name in (("one run per request", 1, "singles"),
@@ -1681,6 +1698,7 @@ class Failed(str):
 
 
 CALLERS = 8  # the lifecycle benchmark's callers, on each side
+POOLER_SESSIONS = 20  # lifecycle --pooler: PgBouncer's server sessions (its default_pool_size)
 REVOKE = "baseline: Celery revoke(terminate=True) -> task interrupted"
 
 
