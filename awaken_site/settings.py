@@ -161,6 +161,9 @@ def _database() -> dict:
     config = dj_database_url.parse(url)
     given = config.get("OPTIONS", {})  # the URL's query
     if config["ENGINE"] == "django.db.backends.sqlite3":
+        if DB_POOLER:
+            raise ImproperlyConfigured("DB_POOLER names a PostgreSQL pooler; DATABASE_URL "
+                                       "names no PostgreSQL database")
         config["OPTIONS"] = {
             # BEGIN IMMEDIATE: a transaction that locks a run and then writes it never
             # fails half-way with "database is locked" (runs.domain.core.locked_run).

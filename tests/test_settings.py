@@ -50,3 +50,15 @@ def test_a_database_connection_asks_the_kernel_to_give_up_on_a_silent_server():
             socket.TCP_USER_TIMEOUT)] == [10, 5, 3, 30_000]
     finally:
         held.close()
+
+
+@pytest.mark.one_backend
+@pytest.mark.parametrize(("env", "said"), [
+    ({"DB_POOLER": "session"}, "DB_POOLER must be empty or transaction, not 'session'"),
+    ({"DB_POOLER": "transaction"}, "DB_POOLER names a PostgreSQL pooler; DATABASE_URL names "
+                                   "no PostgreSQL database"),
+])
+def test_a_pooler_the_site_cannot_run_behind_is_refused_as_it_starts(tmp_path, env, said):
+    result = site_command("check", var_dir=tmp_path, SECRET_KEY="x" * 50, **env)
+    assert result.returncode != 0
+    assert f"ImproperlyConfigured: {said}" in result.stderr
