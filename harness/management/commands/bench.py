@@ -383,10 +383,10 @@ class Command(BaseCommand):
                             help="lifecycle: ours and Celery's on a Redis server of the "
                                  "benchmark's own, its CPU counted with the system's.")
         parser.add_argument("--pooler", action="store_true",
-                            help="lifecycle: our web processes and workers reach PostgreSQL "
-                                 "through a PgBouncer of the benchmark's own in transaction "
-                                 f"mode ({POOLER_SESSIONS} server sessions, DB_POOLER="
-                                 "transaction), its CPU counted with the system's.")
+                            help="our web processes and workers reach PostgreSQL through a "
+                                 "PgBouncer of the benchmark's own in transaction mode "
+                                 f"({POOLER_SESSIONS} server sessions, DB_POOLER=transaction); "
+                                 "lifecycle and cancel count its CPU with the system's.")
         parser.add_argument("--list-runs", type=int, default=100_000,
                             help="list: runs in the database (imported in bulk if fewer).")
         parser.add_argument("--attempts", type=int, default=500,
@@ -428,10 +428,13 @@ class Command(BaseCommand):
 
     web_env: dict = {}  # the web processes' variables on top of the Procfile's (--web-env)
     worker_env: dict = {}  # the workers' variables on top of the Procfile's (--worker-env)
+    pooler = False  # our processes reach PostgreSQL through a PgBouncer of ours (--pooler)
+    pgbouncer: PrivatePgBouncer | None = None  # that PgBouncer, while our processes run
 
     def handle(self, what, **options):
         self.web_env = process_environment(options["web_env"])
         self.worker_env = process_environment(options["worker_env"], "--worker-env")
+        self.pooler = options["pooler"]
         # Some parts create demo runs in this process through the domain; the processes the
         # benchmark starts register the demo agents themselves (harness.processes).
         import_module("runs.agents.demo")
@@ -504,8 +507,7 @@ class Command(BaseCommand):
                                                 options["rounds"], options["no_baseline"],
                                                 options["count_every"], options["webs"],
                                                 not options["no_dbos"], options["dbos_poll"],
-                                                options["private_redis"],
-                                                options["pooler"]),
+                                                options["private_redis"]),
             "list": lambda: self.list_latency(options["list_runs"]),
             "memory": lambda: (self.memory(options["attempts"])
                                + self.answers(options["answer_runs"], options["answer_bytes"])),
@@ -547,7 +549,13 @@ class Command(BaseCommand):
         """As ``system``, with ``webs`` web processes; yields them and the workers."""
         queue = f"awaken-bench-{uuid.uuid4().hex[:8]}"
         env = {"AWAKEN_QUEUE": queue, **(extra_env or {})}
-        with scratch_folder("awaken-bench-") as logs, Processes() as processes:
+        with scratch_folder("awaken-bench-") as logs, ExitStack() as stack:
+            if self.pooler:
+                self.pgbouncer = stack.enter_context(PrivatePgBouncer(
+                    database_url(), sessions=POOLER_SESSIONS, log_dir=logs)).wait_ready(30)
+                stack.callback(setattr, self, "pgbouncer", None)
+                env.update(DATABASE_URL=self.pgbouncer.url, DB_POOLER="transaction")
+            processes = stack.enter_context(Processes())
             served = [processes.add(Web(name=f"web{index}" if index else "web",
                                         extra_env={**env, **self.web_env}, log_dir=logs))
                       for index in range(webs)]
@@ -562,6 +570,11 @@ class Command(BaseCommand):
             finally:
                 self.cleanup()  # while the workers still take live commands
 
+    def pooler_group(self) -> dict:
+        """The PgBouncer our processes go through (``--pooler``), as a group of processes
+        whose CPU is counted, or none."""
+        return {"PgBouncer": [self.pgbouncer]} if self.pgbouncer else {}
+
     def cancel(self, levels, cancels, batch, no_baseline, dbos_steps=None,
                dbos_poll: float = 0.05) -> list:
         rows = []
@@ -571,8 +584,8 @@ class Command(BaseCommand):
             client = Client(web.port, self.token)
             rows += self.floors(client, workers[0], cancels)
             for level in levels:
-                rows += self.measure_level(client, level, cancels, batch,
-                                           cpu_of={"web": [web], "worker": workers[:1]})
+                rows += self.measure_level(client, level, cancels, batch, cpu_of={
+                    "web": [web], "worker": workers[:1], **self.pooler_group()})
             if not no_baseline:
                 try:
                     rows.append(self.baseline(cancels))
@@ -913,8 +926,7 @@ class Command(BaseCommand):
 
     def lifecycle(self, total: int, workers: int, rounds: int = 1, no_baseline: bool = False,
                   every: float = 0.25, webs: int = 1, dbos: bool = True,
-                  dbos_poll: float = 0.05, private_redis: bool = False,
-                  pooler: bool = False) -> list:
+                  dbos_poll: float = 0.05, private_redis: bool = False) -> list:
         """Lifecycles per second, by one protocol for every side: 8 callers send ``total``
         creates without waiting for any (``KeptConnection``, spread over ``webs`` web
         processes), ``workers`` worker processes complete them (create -> claim -> one step
@@ -929,9 +941,7 @@ class Command(BaseCommand):
         benchmark's own (its callers and its count), and the load average at the start and
         the end of its measurement. A baseline that cannot be measured is a row saying why.
         ``private_redis``: ours and Celery's run on a Redis server of the benchmark's own,
-        whose CPU is then counted with the system's. ``pooler``: our web processes and
-        workers reach PostgreSQL through a PgBouncer of the benchmark's own in transaction
-        mode (``DB_POOLER=transaction``), whose CPU is counted with ours."""
+        whose CPU is then counted with the system's, as a PgBouncer's is (``--pooler``)."""
         spec = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
         bench_user = get_user_model().objects.get(username="bench").pk
         rows = []
@@ -939,25 +949,22 @@ class Command(BaseCommand):
         rates = {name: [] for name in sides}
         system_cpu = {name: [] for name in sides}
         where = ((f"{webs} web processes, " if webs > 1 else "") + f"{workers} workers"
-                 + (f" through PgBouncer ({POOLER_SESSIONS} server sessions)" if pooler else ""))
+                 + (f" through PgBouncer ({POOLER_SESSIONS} server sessions)"
+                    if self.pooler else ""))
         for round_ in range(1, rounds + 1):
             key = f"{workers} wkr" if rounds == 1 else f"r{round_}"
             with ExitStack() as stack:
                 redis_server = (stack.enter_context(PrivateRedis()).wait_ready(30)
                                 if private_redis else None)
                 on_redis = ({"REDIS_URL": redis_server.url, "CELERY_BROKER_URL": redis_server.url}
-                            if redis_server else {})
-                pgbouncer = (stack.enter_context(PrivatePgBouncer(
-                    database_url(), sessions=POOLER_SESSIONS)).wait_ready(30)
-                             if pooler else None)
-                pooled = ({"DATABASE_URL": pgbouncer.url, "DB_POOLER": "transaction"}
-                          if pgbouncer else {})
+                            if redis_server else None)
                 started_webs, started_workers = stack.enter_context(
-                    self.system_of(webs, workers, {**on_redis, **pooled} or None))
+                    self.system_of(webs, workers, on_redis))
                 groups = {"web": [web.pid for web in started_webs],
                           "workers": [w.pid for w in started_workers],
                           **({"Redis": [redis_server.pid]} if redis_server else {}),
-                          **({"PgBouncer": [pgbouncer.pid]} if pgbouncer else {})}
+                          **{name: [p.pid for p in group]
+                             for name, group in self.pooler_group().items()}}
                 ports = [started_webs[caller % webs].port for caller in range(CALLERS)]
                 rows += self.request_floor(key, ports, groups, total // 2)
                 for how, size, name in (("one run per request", 1, "singles"),
@@ -1425,14 +1432,18 @@ class Command(BaseCommand):
         return f"{database}, broker {settings.CELERY_BROKER_URL.split(':', 1)[0]}"
 
     def env_lines(self) -> list[str]:
-        """The variables asked for with ``--web-env`` and ``--worker-env``, one line each."""
+        """The variables asked for with ``--web-env`` and ``--worker-env``, one line each,
+        and the pooler, if asked for."""
         def named(env):
             return " ".join(f"{name}={value}" for name, value in env.items())
         return [line for env, line in (
             (self.web_env, f"the web processes' environment, on top of the Procfile's: "
                            f"{named(self.web_env)}"),
             (self.worker_env, f"the workers' environment, on top of the Procfile's: "
-                              f"{named(self.worker_env)}")) if env]
+                              f"{named(self.worker_env)}"),
+            (self.pooler, f"our web processes and workers reach PostgreSQL through a PgBouncer "
+                          f"of the benchmark's own in transaction mode ({POOLER_SESSIONS} "
+                          "server sessions, DB_POOLER=transaction)")) if env]
 
     def print_hostile(self, what: str, report) -> None:
         self.stdout.write(f"\nawaken-site under hostile input: {what}; {os.cpu_count()} CPUs, "
