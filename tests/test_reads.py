@@ -6,6 +6,7 @@ import threading
 import uuid
 
 import pytest
+from django.contrib.auth.models import Group
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -70,14 +71,18 @@ def test_a_pending_intent_is_read_once_and_an_applied_one_is_not_pending():
     assert core.pending_intent(queued_run()) is None
 
 
-def test_the_key_lookup_reads_roles_as_the_queryset_does():
-    user = make_user("alice", "operator")
+@pytest.mark.parametrize("held", [(), ("viewer",), ("operator",), ("viewer", "operator")])
+def test_the_key_lookup_reads_roles_as_the_queryset_does(held):
+    user = make_user("alice")
+    user.groups.add(*(Group.objects.get_or_create(name=role)[0] for role in held))
+    Group.objects.get_or_create(name="auditors")[0].user_set.add(user)  # no role of ours
     key = keys.api_key_issue(user=user)
     values = {"digest": keys.key_digest(key)}
     plain = keys.key_lookup_queryset(**values).first()
     prepared = keys.key_lookup(**values)
-    assert (prepared._awaken_has_operator, prepared._awaken_has_viewer) == (True, False)
-    assert (plain._awaken_has_operator, plain._awaken_has_viewer) == (True, False)
+    expected = ("operator" in held, "viewer" in held)
+    assert (prepared._awaken_has_operator, prepared._awaken_has_viewer) == expected
+    assert (plain._awaken_has_operator, plain._awaken_has_viewer) == expected
     assert fields_of(prepared) == fields_of(plain.user)
     assert keys.key_lookup(digest="0" * 64) is None
 

@@ -50,12 +50,15 @@ def _retire(old: ApiKey) -> None:
 
 @cache
 def _key_lookup_sql() -> str:
-    """The user whose key has a given digest, with whether the user has each role
-    (``roles.role_annotations``), in one statement.
+    """The user whose key has a given digest, with the roles the user has as one number (a
+    bit for each role of ``roles.ROLES``, in order), in one statement.
 
     Written by hand (``sql.rows``): every request with a key makes it, and through the
     query compiler its subqueries cost several times the statement's own time
-    (``manage.py bench sql``). tests/test_reads.py holds it to the queryset's result."""
+    (``manage.py bench sql``). The roles are one subquery, not an ``EXISTS`` for each:
+    PostgreSQL plans that in a third of the time, and behind a transaction pooler
+    (``DB_POOLER``), where nothing is prepared, it plans it at every request.
+    tests/test_reads.py holds it to the queryset's result."""
     user = get_user_model()
     meta, key = user._meta, ApiKey._meta
     through = meta.get_field("groups").remote_field.through._meta
@@ -63,15 +66,19 @@ def _key_lookup_sql() -> str:
     def column(options, name):
         return quoted(options.get_field(name).column)
 
-    has = [f"EXISTS (SELECT 1 FROM {quoted(through.db_table)} m JOIN "
-           f"{quoted(Group._meta.db_table)} g ON g.{column(Group._meta, 'id')} = "
-           f"m.{column(through, 'group')} WHERE m.{column(through, 'user')} = "
-           f"u.{column(meta, meta.pk.name)} AND g.{column(Group._meta, 'name')} = %s) "
-           f"AS {quoted('_awaken_has_' + role)}" for role in roles.ROLES]
+    bits = " ".join(f"WHEN %s THEN {1 << bit}" for bit in range(len(roles.ROLES)))
+    held = (f"(SELECT COALESCE(SUM(CASE g.{column(Group._meta, 'name')} {bits} END), 0) "
+            f"FROM {quoted(through.db_table)} m JOIN {quoted(Group._meta.db_table)} g ON "
+            f"g.{column(Group._meta, 'id')} = m.{column(through, 'group')} "
+            f"WHERE m.{column(through, 'user')} = u.{column(meta, meta.pk.name)}) "
+            f"AS {quoted(ROLE_BITS)}")
     columns = ", ".join(f"u.{quoted(f.column)}" for f in meta.concrete_fields)
-    return (f"SELECT {columns}, {', '.join(has)} FROM {quoted(meta.db_table)} u "
+    return (f"SELECT {columns}, {held} FROM {quoted(meta.db_table)} u "
             f"JOIN {quoted(key.db_table)} k ON k.{column(key, 'user')} = "
             f"u.{column(meta, meta.pk.name)} WHERE k.{column(key, 'digest')} = %s")
+
+
+ROLE_BITS = "_awaken_role_bits"
 
 
 def key_lookup_queryset(*, digest):
@@ -86,12 +93,13 @@ def key_lookup(*, digest: str):
     """The user with the key of ``digest``, or None; on it the role flags
     ``roles.remember_roles`` reads."""
     found = rows(get_user_model(), _key_lookup_sql(), [*roles.ROLES, digest],
-                 extra=tuple(f"_awaken_has_{role}" for role in roles.ROLES))
+                 extra=(ROLE_BITS,))
     if not found:
         return None
     user = found[0]
-    for role in roles.ROLES:
-        setattr(user, f"_awaken_has_{role}", bool(getattr(user, f"_awaken_has_{role}")))
+    held = getattr(user, ROLE_BITS)
+    for bit, role in enumerate(roles.ROLES):
+        setattr(user, f"_awaken_has_{role}", bool(held & (1 << bit)))
     return user
 
 
