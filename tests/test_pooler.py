@@ -2,9 +2,8 @@
 between processes of the site of their own (``DB_POOLER=transaction``) and the test database.
 
 The pooler is given one server session: every client connection's transactions take turns
-on it, so a statement one client prepared there is met by the others, and nothing a
-session kept (a setting, a cursor, a prepared statement) survives from one transaction of a
-client to its next unless every client may meet it."""
+on it, so whatever one client leaves on the session (a prepared statement, a cursor, a
+setting) is met by the others."""
 
 import pytest
 from django.db import connection

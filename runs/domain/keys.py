@@ -48,6 +48,9 @@ def _retire(old: ApiKey) -> None:
         "user_id": old.user_id, "prefix": old.prefix, "revoked_at": timezone.now()})
 
 
+ROLE_BITS = "_awaken_role_bits"  # the key lookup's column of the user's roles
+
+
 @cache
 def _key_lookup_sql() -> str:
     """The user whose key has a given digest, with the roles the user has as one number (a
@@ -56,7 +59,7 @@ def _key_lookup_sql() -> str:
     Written by hand (``sql.rows``): every request with a key makes it, and through the
     query compiler its subqueries cost several times the statement's own time
     (``manage.py bench sql``). The roles are one subquery, not an ``EXISTS`` for each:
-    PostgreSQL plans that in a third of the time, and behind a transaction pooler
+    PostgreSQL plans that in under half the time, and behind a transaction pooler
     (``DB_POOLER``), where nothing is prepared, it plans it at every request.
     tests/test_reads.py holds it to the queryset's result."""
     user = get_user_model()
@@ -76,9 +79,6 @@ def _key_lookup_sql() -> str:
     return (f"SELECT {columns}, {held} FROM {quoted(meta.db_table)} u "
             f"JOIN {quoted(key.db_table)} k ON k.{column(key, 'user')} = "
             f"u.{column(meta, meta.pk.name)} WHERE k.{column(key, 'digest')} = %s")
-
-
-ROLE_BITS = "_awaken_role_bits"
 
 
 def key_lookup_queryset(*, digest):
