@@ -430,8 +430,9 @@ class PrivatePgBouncer(Process):
         server = urlsplit(server_url)
         user, password = unquote(server.username or "postgres"), unquote(server.password or "")
         self.port = free_port()
-        self.url = urlunsplit((server.scheme, f"{server.netloc.rpartition('@')[0]}@127.0.0.1:"
-                               f"{self.port}", server.path, "", ""))
+        credentials = server.netloc.rpartition("@")[0] or quote(user, safe="")
+        self.url = urlunsplit((server.scheme, f"{credentials}@127.0.0.1:{self.port}",
+                               server.path, "", ""))
         folder = Path(tempfile.mkdtemp(prefix="awaken-pgbouncer-"))
         weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)
         (folder / "users.txt").write_text(f'"{user}" "{password}"\n')

@@ -570,11 +570,6 @@ class Command(BaseCommand):
             finally:
                 self.cleanup()  # while the workers still take live commands
 
-    def pooler_group(self) -> dict:
-        """The PgBouncer our processes go through (``--pooler``), as a group of processes
-        whose CPU is counted, or none."""
-        return {"PgBouncer": [self.pgbouncer]} if self.pgbouncer else {}
-
     def cancel(self, levels, cancels, batch, no_baseline, dbos_steps=None,
                dbos_poll: float = 0.05) -> list:
         rows = []
@@ -585,7 +580,8 @@ class Command(BaseCommand):
             rows += self.floors(client, workers[0], cancels)
             for level in levels:
                 rows += self.measure_level(client, level, cancels, batch, cpu_of={
-                    "web": [web], "worker": workers[:1], **self.pooler_group()})
+                    "web": [web], "worker": workers[:1],
+                    **({"PgBouncer": [self.pgbouncer]} if self.pgbouncer else {})})
             if not no_baseline:
                 try:
                     rows.append(self.baseline(cancels))
@@ -963,8 +959,7 @@ class Command(BaseCommand):
                 groups = {"web": [web.pid for web in started_webs],
                           "workers": [w.pid for w in started_workers],
                           **({"Redis": [redis_server.pid]} if redis_server else {}),
-                          **{name: [p.pid for p in group]
-                             for name, group in self.pooler_group().items()}}
+                          **({"PgBouncer": [self.pgbouncer.pid]} if self.pgbouncer else {})}
                 ports = [started_webs[caller % webs].port for caller in range(CALLERS)]
                 rows += self.request_floor(key, ports, groups, total // 2)
                 for how, size, name in (("one run per request", 1, "singles"),
