@@ -329,6 +329,10 @@ def agent_site(tmp_path_factory, provider_stub, example_package):
 
 # Debian's chromium, for the browser tests (tests/test_browser*.py); never a downloaded build.
 CHROMIUM = "/usr/bin/chromium"
+# How long a browser test waits for what it expects before it fails: a bound on a failure,
+# never a measure (a wait ends as soon as the page shows it). CI runs three streams on two
+# cores, and a busy machine can take seconds to open a page and its socket.
+BROWSER_DEADLINE_MS = 30_000
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 
 from runs.providers.stub import DEFAULT_CANNED
 from tests.accessibility import serious_violations
-from tests.conftest import CHROMIUM
+from tests.conftest import BROWSER_DEADLINE_MS, CHROMIUM
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason="needs Debian's chromium (apt-get install chromium)")
@@ -28,7 +28,7 @@ def answer_dialogs(page):
 
 def logged_in(browser, site, username="admin", password=None):
     page = answer_dialogs(browser.new_page(viewport={"width": 1280, "height": 800}))
-    page.set_default_timeout(10_000)
+    page.set_default_timeout(BROWSER_DEADLINE_MS)
     page.goto(f"{site.base}/")
     assert "/accounts/login/" in page.url  # anonymous visitors go to the login form
     page.fill('input[name="username"]', username)
@@ -215,7 +215,7 @@ def test_no_page_breaks_the_content_security_policy(browser, embedded_site):
     _, run = embedded_site.call("POST", "/api/runs/", {
         "agent": "demo.parent", "input": {"children": 1, "child_agent": "demo.hang"}})
     page = browser.new_page(viewport={"width": 1280, "height": 800})
-    page.set_default_timeout(10_000)
+    page.set_default_timeout(BROWSER_DEADLINE_MS)
     problems = []
     page.on("console", lambda message: problems.append(message.text)
             if "Content Security Policy" in message.text else None)

@@ -15,7 +15,7 @@ import pytest
 
 from harness.processes import ROOT
 from tests.accessibility import serious_violations
-from tests.conftest import CHROMIUM, box_of, click_to
+from tests.conftest import BROWSER_DEADLINE_MS, CHROMIUM, box_of, click_to
 from tests.test_browser import answer_dialogs
 
 DESKTOP = {"width": 1280, "height": 800}
@@ -34,7 +34,7 @@ class Tab:
         self.context = browser.new_context(viewport=viewport, has_touch=touch,
                                            is_mobile=touch, **context)
         self.page = answer_dialogs(self.context.new_page())
-        self.page.set_default_timeout(15_000)
+        self.page.set_default_timeout(BROWSER_DEADLINE_MS)
         self.site = site
         self.errors = []
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error"

@@ -4,7 +4,6 @@ failures and Run again; the admin's run page and the API docs for a visitor not 
 Each page is scanned with axe-core, and no page may log a script error."""
 
 import re
-import time
 
 import pytest
 
@@ -174,10 +173,10 @@ def test_cancel_is_sent_at_once_after_a_confirm_and_a_dismissed_one_sends_nothin
     status, run = embedded_site.call("GET", f"/api/runs/{run_id}/")
     assert (sent, run["state"], run["control"]) == ([], "running", None)
     page.accepting = True
-    clicked = time.monotonic()
-    page.click(f'{row} [data-action="cancel"]')
-    page.wait_for_selector(f'{row}[data-end-cause="cancelled"]', timeout=3_000)
-    assert time.monotonic() - clicked < 3.0
+    # The confirm's click itself sends the cancel: no undo window, no delay on the page.
+    with page.expect_request(lambda request: "/cancel/" in request.url):
+        page.click(f'{row} [data-action="cancel"]')
+    page.wait_for_selector(f'{row}[data-end-cause="cancelled"]')  # demo.hang never ends alone
     assert len(sent) == 1 and not page.is_visible(".toast.notice")  # no undo, no delay
     assert embedded_site.call("GET", f"/api/runs/{run_id}/")[1]["end_cause"] == "cancelled"
     page.wait_for_selector("#toast:has-text('is cancelled')")
@@ -470,10 +469,9 @@ def test_a_pause_waiting_on_a_hung_step_shows_from_server_state_until_cancel_end
     assert page.is_disabled(f'{row} [data-action="pause"]')
     assert page.eval_on_selector_all(f"{row} button[data-action]",
                                      "bs => bs.map(b => b.textContent)") == labels
-    clicked = time.monotonic()
     page.click(f'{row} [data-action="cancel"]')
-    page.wait_for_selector(f'{row}[data-end-cause="cancelled"][data-pending=""]', timeout=3_000)
-    assert time.monotonic() - clicked < 3.0
+    # demo.hang's step never ends by itself: the cancel ended it, not the step's end.
+    page.wait_for_selector(f'{row}[data-end-cause="cancelled"][data-pending=""]')
 
 
 HOSTILE_SCHEMA = {"type": "object", "required": ["__proto__", "note"], "properties": {
@@ -631,7 +629,7 @@ def test_the_trace_draws_alike_steps_as_one_row_and_a_chat_cancelled_mid_stream(
         "() => document.querySelectorAll('.activity-log li[data-kind=step]').length >= 4")
     page.wait_for_selector('#live-output:not([hidden]) [data-field="live-output"]:text("stub")')
     page.click(f'{row} [data-action="cancel"]')
-    page.wait_for_selector(f'{row}[data-end-cause="cancelled"]', timeout=5_000)
+    page.wait_for_selector(f'{row}[data-end-cause="cancelled"]')
     cut = '#trace .trace-row[data-kind="model"][data-outcome="cancelled"]'
     page.wait_for_selector(cut)
     text = page.text_content(cut)
