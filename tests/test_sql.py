@@ -18,6 +18,8 @@ from runs.models import (
     Attempt,
     AttemptState,
     CloseReason,
+    ControlAction,
+    ControlIntent,
     Event,
     EventKind,
     Run,
@@ -150,7 +152,7 @@ def test_every_identifier_is_quoted():
     quote = sql.quoted
     assert quote('a"b') == '"a""b"'
     statement = sql._write_sql((("insert", Event, (0, 1)),
-                                ("update", Run, ("state", "version"))))
+                                ("update", Run, ("state", "version"), ())))
     assert f"INSERT INTO {quote('runs_event')} (" in statement
     assert f"RETURNING {quote('seq')}" in statement
     assert (f"UPDATE {quote('runs_run')} SET {quote('state')} = %s, "
@@ -196,6 +198,41 @@ def test_write_of_inserts_that_refer_to_each_other_in_one_statement():
     for run, event in zip(runs, events, strict=True):
         assert Event.objects.get(seq=event.seq).run_id == run.pk
         assert columns(run)["input"] == run.input
+
+
+def test_an_update_takes_the_key_of_the_new_row_it_names_from_the_insert_before_it():
+    """A run's update naming its new control intent, in one statement on PostgreSQL: the
+    run gets the key the insert made, in the database and on the instance, as two saves
+    one after the other would give it."""
+    run, _ = running_run()
+    intent = sql.new(ControlIntent, run=run, action=ControlAction.CANCEL, reason="why",
+                     requested_by="olga", source="api")
+    run.control, run.version = intent, run.version + 1
+    with transaction.atomic(), CaptureQueriesContext(connection) as written:
+        sql.write(sql.Insert((intent,)), sql.Update(run, ("control", "version")))
+    assert intent.pk is not None and run.control_id == intent.pk
+    assert run.control is intent  # the instance set, not a row read again
+    assert columns(run)["control_id"] == intent.pk
+    assert ControlIntent.objects.get(pk=intent.pk).run_id == run.pk
+    if connection.vendor == "postgresql":
+        assert len([q for q in written.captured_queries if "runs_run" in q["sql"]]) == 1
+
+
+def test_an_update_naming_a_new_row_that_the_write_does_not_make_is_refused():
+    run, _ = running_run()
+    before = columns(run)
+    orphan = sql.new(ControlIntent, run=run, action=ControlAction.CANCEL,
+                     requested_by="olga", source="api")
+    run.control = orphan
+    with pytest.raises(ValueError), transaction.atomic():
+        sql.write(sql.Update(run, ("control",)))
+    if connection.vendor == "postgresql":  # one statement: which of the keys made is it?
+        two = sql.new(ControlIntent, run=run, action=ControlAction.STOP,
+                      requested_by="olga", source="api")
+        run.control = orphan
+        with pytest.raises(ValueError), transaction.atomic():
+            sql.write(sql.Insert((orphan, two)), sql.Update(run, ("control",)))
+    assert columns(run) == before and not ControlIntent.objects.filter(run=run).exists()
 
 
 AWKWARD = ['a,"b"}{', "NULL", "back\\slash", "", "ü\n"]  # hard for an array literal
@@ -329,7 +366,7 @@ def test_write_reads_exists_parts_as_the_orm_does_after_its_writes():
 
 def test_the_statement_of_write_quotes_every_identifier():
     quote = sql.quoted
-    statement = sql._write_sql((("update", Run, ("state",)),
+    statement = sql._write_sql((("update", Run, ("state",), ()),
                                 ("keys", Run, ("parent",), ("state",))))
     assert f"UPDATE {quote('runs_run')} SET {quote('state')} = %s" in statement
     assert (f"SELECT {quote('id')} FROM {quote('runs_run')} WHERE {quote('parent_id')} = %s "

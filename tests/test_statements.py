@@ -226,6 +226,36 @@ def test_a_claim_reads_the_drain_in_its_locking_statement_and_a_drained_one_retu
         executor.close()
 
 
+# --- a cancel's request -------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_a_cancel_of_a_running_run_is_its_lock_and_one_statement_that_names_the_new_request(
+        monkeypatch):
+    from runs.domain import outside
+
+    told = []
+
+    class Workers:
+        def send_command(self, **details):
+            told.append(details)
+
+    monkeypatch.setattr(outside, "workers", Workers())
+    run, generation = running_run()
+    with CaptureQueriesContext(connection) as queries:
+        result = domain.run_cancel(run_id=run.id, actor="olga", source="api")
+    lock, written = [s for s in statements(queries) if "SAVEPOINT" not in s
+                     and not s.startswith(("BEGIN", "COMMIT", "RELEASE"))]
+    assert "FOR NO KEY UPDATE" in lock
+    assert '"runs_controlintent"' in written and '"runs_event"' in written
+    stored = Run.objects.get(pk=run.id)
+    assert (result.path, stored.control_id, stored.control.applied_at) == (
+        "live", result.intent.pk, None)
+    assert result.run.control_id == result.intent.pk  # as committed, on the answer's run
+    assert stored.events.get(version=stored.version).kind == "cancel_requested"
+
+
 # --- the end: whether a webhook endpoint is active ---------------------------------------
 
 

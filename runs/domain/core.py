@@ -107,12 +107,13 @@ def record(
     source: str | None = None,
     data: dict | None = None,
     activity: list[dict] = (),
+    also: tuple = (),
 ) -> Event:
     """Save ``fields`` of the locked ``run``, bump its version and write one event, with
-    the ``activity`` entries of its live attempt that the change follows (in the same
-    statement)."""
+    the ``activity`` entries of its live attempt that the change follows and the writes
+    ``also`` made first (in the same statement)."""
     return _transition([run], kind, fields=fields, actor=actor, source=source,
-                       data=lambda _: dict(data or {}), activity=activity)[0]
+                       data=lambda _: dict(data or {}), activity=activity, also=also)[0]
 
 
 def record_each(runs: list[Run], kind: str, *, fields: tuple[str, ...] = (),
@@ -232,13 +233,13 @@ def record_intent(run: Run, *, action: str, reason: str | None, stop_code: str |
     intent = sql.new(ControlIntent, run=run, action=action, reason=reason,
                      stop_code=stop_code, requested_by=actor, source=source,
                      caused_by_id=caused_by_id)
-    sql.write(sql.Insert((intent,)))  # first: the run's update names its key
     run.control = intent
     if tell_attempt and run.state == RunState.RUNNING:
         after_commit(_send_cancel, run_id=run.id, generation=run.generation, owner=run.owner,
                      actor=actor, source=source)
+    # One statement: the intent inserted first, the run's update naming the key it made.
     record(run, _requested_kind(action), fields=("control",), actor=actor, source=source,
-           data=_request_data(reason, stop_code, caused_by_id))
+           data=_request_data(reason, stop_code, caused_by_id), also=(sql.Insert((intent,)),))
     return intent
 
 

@@ -249,7 +249,10 @@ def _prepared(model, name: str, value):
 @dataclass(frozen=True)
 class Update:
     """Write the fields ``names`` of ``instance`` (a saved row) to its row, ``auto_now``
-    applied: ``instance.save(update_fields=names)``."""
+    applied: ``instance.save(update_fields=names)``. A foreign key of ``names`` set to a
+    new row that an ``Insert`` of one row earlier in the same write makes takes that row's
+    key as the database makes it, as ``save`` takes the key of a related row saved after
+    it was set (a run's update naming its new control intent)."""
     instance: object
     names: tuple
 
@@ -358,7 +361,7 @@ def _statement(writes, reads) -> list:
     parts = [*_grouped(writes), *asked]
     shape, params = [], []
     db = connections[DEFAULT_DB_ALIAS]  # what ``connection`` stands for, looked up once
-    for part in parts:
+    for index, part in enumerate(parts):
         if isinstance(part, _UpdateMany):
             model = part.model
             shape.append(("update_many", model, part.names))
@@ -368,8 +371,10 @@ def _statement(writes, reads) -> list:
         elif isinstance(part, Update):
             model = type(part.instance)
             names = tuple(part.names)
-            shape.append(("update", model, names))
-            _saved_values(params, _saving(model, names, False), (part.instance,), False, db)
+            made = _made_by(part.instance, names, parts[:index])
+            shape.append(("update", model, names, made))
+            given = tuple(n for n in names if n not in dict(made)) if made else names
+            _saved_values(params, _saving(model, given, False), (part.instance,), False, db)
             params.append(_prepared(model, model._meta.pk.name, part.instance.pk))
         elif isinstance(part, _UpdateWhereMany):
             model, names, where = part.model, part.names, part.where
@@ -423,6 +428,11 @@ def _statement(writes, reads) -> list:
             # bulk_create relies on both).
             for instance, key in zip(part.instances, by_part[(index, None)], strict=True):
                 setattr(instance, auto.attname, auto.to_python(key))
+    for index, (kind, _, *rest) in enumerate(shape):
+        if kind == "update" and rest[1]:  # the rows named again, now with the keys made
+            instance = parts[index].instance
+            for name, _ in rest[1]:
+                setattr(instance, name, getattr(instance, name))
     answers = []
     for at, member in placed:
         index = len(parts) - len(asked) + at
@@ -433,6 +443,35 @@ def _statement(writes, reads) -> list:
             pk = read.model._meta.pk
             answers.append(sorted(pk.to_python(key) for key in by_part.get((index, member), [])))
     return answers
+
+
+def _made_by(instance, names: tuple, earlier: list) -> tuple:
+    """The foreign keys of ``names`` that ``instance`` has set to a new row, each with the
+    index among ``earlier`` of the one-row Insert that makes it: ``(name, index)`` pairs,
+    which the update takes from that part (``Update``). A new row that no earlier part
+    makes, or that an Insert of several rows makes, is refused, as ``save`` refuses an
+    unsaved related row: nothing would give its key."""
+    made = []
+    for name in _foreign_keys(type(instance), names):
+        field = instance._meta.get_field(name)
+        if getattr(instance, field.attname) is not None or not field.is_cached(instance):
+            continue
+        related = field.get_cached_value(instance)
+        if related is None or related.pk is not None:
+            continue
+        found = [at for at, part in enumerate(earlier)
+                 if isinstance(part, Insert) and part.instances == (related,)]
+        if not found:
+            raise ValueError(f"The {name} of {instance!r} is a new row that no one-row "
+                             "insert before it in the write makes.")
+        made.append((name, found[0]))
+    return tuple(made)
+
+
+@cache
+def _foreign_keys(model, names: tuple) -> tuple:
+    """The fields of ``names`` that are foreign keys of ``model``."""
+    return tuple(n for n in names if model._meta.get_field(n).many_to_one)
 
 
 @dataclass(frozen=True)
@@ -744,6 +783,12 @@ def _condition(model, where, unless=()) -> str:
                          *(f"{_column(model, n)} <> %s" for n in unless)])
 
 
+def _made_key(model, name: str) -> str:
+    """The quoted key column of the row that ``model``'s foreign key ``name`` refers to, as
+    the insert of that row returns it."""
+    return quoted(_automatic_key(model._meta.get_field(name).related_model).column)
+
+
 def _column(model, name: str) -> str:
     """The quoted column of ``model``'s field ``name``."""
     return quoted(model._meta.get_field(name).column)
@@ -792,7 +837,10 @@ def _write_sql(shape: tuple) -> str:
                      f"({', '.join((*new, *old))}) WHERE {found}")
         elif kind in ("update", "update_where"):
             names, where = rest[0], (rest[1] if kind == "update_where" else (model._meta.pk.name,))
-            assignments = ", ".join(f"{_column(model, n)} = %s" for n in names)
+            made = dict(rest[1]) if kind == "update" else {}
+            assignments = ", ".join(
+                f"{_column(model, n)} = (SELECT {_made_key(model, n)} FROM part{made[n]})"
+                if n in made else f"{_column(model, n)} = %s" for n in names)
             query = f"UPDATE {table} SET {assignments} WHERE {_condition(model, where)}"
         elif kind in ("insert", "insert_many"):
             fields = _inserted_fields(model)
