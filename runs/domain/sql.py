@@ -359,7 +359,7 @@ def _statement(writes, reads) -> list:
     """``write``'s one statement on PostgreSQL: the answers of ``reads``, in order."""
     asked, placed = _asked(reads)
     parts = [*_grouped(writes), *asked]
-    shape, params = [], []
+    shape, params, named = [], [], []
     db = connections[DEFAULT_DB_ALIAS]  # what ``connection`` stands for, looked up once
     for index, part in enumerate(parts):
         if isinstance(part, _UpdateMany):
@@ -373,7 +373,11 @@ def _statement(writes, reads) -> list:
             names = tuple(part.names)
             made = _made_by(part.instance, names, parts[:index])
             shape.append(("update", model, names, made))
-            given = tuple(n for n in names if n not in dict(made)) if made else names
+            given = names
+            if made:
+                taken = {name for name, _ in made}
+                given = tuple(n for n in names if n not in taken)
+                named.append((part.instance, taken))
             _saved_values(params, _saving(model, given, False), (part.instance,), False, db)
             params.append(_prepared(model, model._meta.pk.name, part.instance.pk))
         elif isinstance(part, _UpdateWhereMany):
@@ -428,11 +432,9 @@ def _statement(writes, reads) -> list:
             # bulk_create relies on both).
             for instance, key in zip(part.instances, by_part[(index, None)], strict=True):
                 setattr(instance, auto.attname, auto.to_python(key))
-    for index, (kind, _, *rest) in enumerate(shape):
-        if kind == "update" and rest[1]:  # the rows named again, now with the keys made
-            instance = parts[index].instance
-            for name, _ in rest[1]:
-                setattr(instance, name, getattr(instance, name))
+    for instance, taken in named:  # the new rows named again, now with the keys made
+        for name in taken:
+            setattr(instance, name, getattr(instance, name))
     answers = []
     for at, member in placed:
         index = len(parts) - len(asked) + at
@@ -452,8 +454,8 @@ def _made_by(instance, names: tuple, earlier: list) -> tuple:
     makes, or that an Insert of several rows makes, is refused, as ``save`` refuses an
     unsaved related row: nothing would give its key."""
     made = []
-    for name in _foreign_keys(type(instance), names):
-        field = instance._meta.get_field(name)
+    for field in _foreign_keys(type(instance), names):
+        name = field.name
         if getattr(instance, field.attname) is not None or not field.is_cached(instance):
             continue
         related = field.get_cached_value(instance)
@@ -471,7 +473,7 @@ def _made_by(instance, names: tuple, earlier: list) -> tuple:
 @cache
 def _foreign_keys(model, names: tuple) -> tuple:
     """The fields of ``names`` that are foreign keys of ``model``."""
-    return tuple(n for n in names if model._meta.get_field(n).many_to_one)
+    return tuple(field for field in map(model._meta.get_field, names) if field.many_to_one)
 
 
 @dataclass(frozen=True)
