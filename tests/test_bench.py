@@ -64,11 +64,14 @@ def test_the_kept_connection_sends_creates_on_one_socket_and_reads_only_their_st
         stranger.close()
 
 
-# A process that burns 0.4 s of CPU, in user mode (BURN % "sum(range(20_000))") or in the
-# kernel (BURN % "os.read(zero, 1 << 20)", copying zeros), then says so and waits.
+# A process that waits for a line, then burns 0.4 s of CPU, in user mode
+# (BURN % "sum(range(20_000))") or in the kernel (BURN % "os.read(zero, 1 << 20)", copying
+# zeros), then says so and waits. What it spends starting is spent before the line.
 BURN = """
 import os, sys, time
 zero = os.open("/dev/zero", os.O_RDONLY)
+print("ready", flush=True)
+sys.stdin.readline()
 end = time.process_time() + 0.4
 while time.process_time() < end:
     %s
@@ -84,7 +87,12 @@ def test_the_cpu_meter_counts_the_benchmark_apart_from_the_processes_it_started(
                 for name, work in (("summing", "sum(range(20_000))"),
                                    ("copying", "os.read(zero, 1 << 20)"))}
     try:
+        for child in children.values():
+            assert child.stdout.readline().strip() == "ready"
         meter = CpuMeter({name: [child.pid] for name, child in children.items()})
+        for child in children.values():
+            child.stdin.write("go\n")
+            child.stdin.flush()
         for child in children.values():
             assert child.stdout.readline().strip() == "burnt"  # it has burnt 0.4 s of CPU
         spent = meter.per(1)
