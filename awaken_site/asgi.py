@@ -33,10 +33,15 @@ from awaken_site.request_share import RequestShare  # noqa: E402
 from runs.changes.stream import stream  # noqa: E402
 from runs.sockets import routing  # noqa: E402
 from runs.sockets.auth import SocketAuth  # noqa: E402
-from runs.sockets.daphne import DaphneBackPressure, serve_bodies_unparsed  # noqa: E402
+from runs.sockets.daphne import (  # noqa: E402
+    DaphneBackPressure,
+    serve_bodies_unparsed,
+    serve_without_twisteds_access_log,
+)
 from runs.sockets.shutdown import Draining  # noqa: E402
 
 serve_bodies_unparsed()  # Django parses a POST body; daphne's Twisted need not (daphne.py)
+serve_without_twisteds_access_log()  # the site writes its own (awaken_site.logs.AccessLog)
 # The channel layer made before anything is served: its backend's import (channels_redis,
 # 0.1 s and more) would otherwise fall on the first socket's join, on the loop every
 # connection shares, or on the first change's publish, in its request.

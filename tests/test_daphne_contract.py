@@ -300,3 +300,51 @@ def test_daphnes_requests_leave_a_posted_form_to_the_application(monkeypatch):
     (request,) = processed
     assert parsed == [] and request.args == {}
     assert request.content.read() == body
+
+
+def test_daphnes_server_builds_a_factory_that_writes_no_access_line_of_twisteds(monkeypatch):
+    """``serve_without_twisteds_access_log`` names a factory class of its own where daphne's
+    server looks it up, and Twisted's request calls the factory's ``log`` as it finishes:
+    the line Twisted would format for each request is then never made."""
+    from daphne import http_protocol
+    from twisted.internet.testing import StringTransport
+    from twisted.web import http
+
+    from runs.sockets.daphne import serve_without_twisteds_access_log
+
+    daphnes = daphne.server.HTTPFactory
+    while getattr(daphnes, "writes_no_access_log", False):  # installed by an import
+        daphnes = daphnes.__bases__[0]
+    assert daphnes is http_protocol.HTTPFactory
+    monkeypatch.setattr(daphne.server, "HTTPFactory", daphnes)
+    serve_without_twisteds_access_log()
+    serve_without_twisteds_access_log()  # once only: the class is not wrapped again
+    made = daphne.server.HTTPFactory
+    assert made.__bases__ == (daphnes,) and issubclass(daphnes, http.HTTPFactory)
+
+    formatted = []
+    monkeypatch.setattr(http, "combinedLogFormatter",  # what a factory takes as it is made
+                        lambda *args: formatted.append(args) or "line")
+
+    class Server:  # what daphne's request tells its server of a connection
+        def protocol_connected(self, protocol):
+            pass
+
+        def protocol_disconnected(self, protocol):
+            pass
+
+    def serve_one(factory) -> None:
+        factory.startFactory()  # where Twisted sets its log file when none is named
+        try:
+            protocol = factory.buildProtocol(None)
+            protocol.makeConnection(StringTransport())
+            monkeypatch.setattr(protocol.requestFactory, "process",
+                                lambda request: request.finish())
+            protocol.dataReceived(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+        finally:
+            factory.stopFactory()
+
+    serve_one(daphnes(Server()))
+    assert len(formatted) == 1  # daphne's own factory: Twisted formats the request's line
+    serve_one(made(Server()))
+    assert len(formatted) == 1  # the site's: nothing more

@@ -193,16 +193,16 @@ def parent_with_running_children(api, count: int = 2):
 
 def test_cancelling_a_parent_cancels_its_children(worker, api):
     parent, children = parent_with_running_children(api)
-    assert api.post(f"/api/runs/{parent}/cancel/", {}, format="json").json()["end_cause"] == (
-        "cancelled")
+    answer = api.post(f"/api/runs/{parent}/cancel/", {}, format="json")
+    assert answer.json().get("end_cause") == "cancelled", (answer.status_code, answer.json())
     for child in children:
         assert wait_state(child, RunState.ENDED).end_cause == "cancelled"
 
 
 def test_cancelling_a_child_leaves_its_parent_running(worker, api):
     parent, children = parent_with_running_children(api)
-    assert api.post(f"/api/runs/{children[0]}/cancel/", {}, format="json").json()[
-        "end_cause"] == "cancelled"
+    answer = api.post(f"/api/runs/{children[0]}/cancel/", {}, format="json")
+    assert answer.json().get("end_cause") == "cancelled", (answer.status_code, answer.json())
     assert run_of(parent).state == RunState.RUNNING
     assert run_of(children[1]).state == RunState.RUNNING
     api.post(f"/api/runs/{parent}/cancel/", {}, format="json")

@@ -40,6 +40,15 @@ checks on every upgrade:
   cost 0.31 s of the loop's CPU and 230 MB more at the peak that way, 0.05 s and nothing
   more without. Every other POST had its Content-Type parsed by the e-mail package, some
   30 us each.
+* daphne's server builds its HTTP factory with the class ``daphne.server`` names
+  ``HTTPFactory``: ``serve_without_twisteds_access_log`` names there a subclass whose
+  ``log`` (Twisted's public ``HTTPFactory.log``, which ``http.Request.finish`` calls for
+  every request) writes nothing. Twisted would otherwise format a combined-log line for
+  every request and write it to its own log, which daphne sends nowhere at the verbosity
+  it is started with (0) and to the ``daphne.server`` logger above it; the site writes
+  its own access line (``awaken_site.logs.AccessLog``), with the status, time and key
+  prefix an operator reads. Twisted's line was 2 % of the web process's time holding the
+  interpreter lock in a burst of creates (py-spy, one run per request).
 * ``daphne.server.Server`` and ``daphne.endpoints.build_endpoint_description_strings``,
   what daphne's own command line and ``runserver`` start a server with: ``serve`` starts one
   in this process for ``manage.py serve``, the embedded mode.
@@ -230,6 +239,24 @@ def serve_bodies_unparsed() -> None:
             super().__init__(channel, *args, parsePOSTFormSubmission=False, **kwargs)
 
     http_protocol.WebRequest = WebRequest
+
+
+def serve_without_twisteds_access_log() -> None:
+    """Make daphne's HTTP factory write no access line of Twisted's (see above): the site
+    writes its own. Called as the application is built, before daphne's server starts."""
+    from daphne import server
+
+    daphnes = server.HTTPFactory
+    if getattr(daphnes, "writes_no_access_log", False):
+        return
+
+    class HTTPFactory(daphnes):
+        writes_no_access_log = True
+
+        def log(self, request) -> None:
+            pass
+
+    server.HTTPFactory = HTTPFactory
 
 
 def on_shutdown(callback) -> None:
