@@ -44,11 +44,11 @@ checks on every upgrade:
   ``HTTPFactory``: ``serve_without_twisteds_access_log`` names there a subclass whose
   ``log`` (Twisted's public ``HTTPFactory.log``, which ``http.Request.finish`` calls for
   every request) writes nothing. Twisted would otherwise format a combined-log line for
-  every request and write it to its own log, which daphne sends nowhere at the verbosity
-  it is started with (0) and to the ``daphne.server`` logger above it; the site writes
-  its own access line (``awaken_site.logs.AccessLog``), with the status, time and key
-  prefix an operator reads. Twisted's line was 2 % of the web process's time holding the
-  interpreter lock in a burst of creates (py-spy, one run per request).
+  every request and write it to its own log, which daphne sends nowhere at a verbosity of
+  0 or 1 (the Procfile's is 0) and to its ``daphne.server`` logger above that; the site
+  writes its own access line (``awaken_site.logs.AccessLog``), with the status, time and
+  key prefix an operator reads. Twisted's line cost 12-20 us of the loop's CPU a request
+  (a loop of 20,000 ``log`` calls on a create's request).
 * ``daphne.server.Server`` and ``daphne.endpoints.build_endpoint_description_strings``,
   what daphne's own command line and ``runserver`` start a server with: ``serve`` starts one
   in this process for ``manage.py serve``, the embedded mode.
