@@ -228,17 +228,14 @@ def serve_bodies_unparsed() -> None:
     as the application is built, before daphne serves a connection."""
     from daphne import http_protocol
 
-    daphnes = http_protocol.WebRequest
-    if getattr(daphnes, "leaves_bodies_unparsed", False):
-        return
+    def unparsed(daphnes):
+        class WebRequest(daphnes):
+            def __init__(self, channel, *args, **kwargs):
+                super().__init__(channel, *args, parsePOSTFormSubmission=False, **kwargs)
 
-    class WebRequest(daphnes):
-        leaves_bodies_unparsed = True
+        return WebRequest
 
-        def __init__(self, channel, *args, **kwargs):
-            super().__init__(channel, *args, parsePOSTFormSubmission=False, **kwargs)
-
-    http_protocol.WebRequest = WebRequest
+    _subclass_once(http_protocol, "WebRequest", "leaves_bodies_unparsed", unparsed)
 
 
 def serve_without_twisteds_access_log() -> None:
@@ -246,17 +243,25 @@ def serve_without_twisteds_access_log() -> None:
     writes its own. Called as the application is built, before daphne's server starts."""
     from daphne import server
 
-    daphnes = server.HTTPFactory
-    if getattr(daphnes, "writes_no_access_log", False):
+    def unlogged(daphnes):
+        class HTTPFactory(daphnes):
+            def log(self, request) -> None:
+                pass
+
+        return HTTPFactory
+
+    _subclass_once(server, "HTTPFactory", "writes_no_access_log", unlogged)
+
+
+def _subclass_once(module, name: str, marker: str, make) -> None:
+    """Name at ``module.name`` the subclass ``make(base)`` of the class ``base`` named there,
+    marked ``marker``; once only: a class so marked is left as it is."""
+    base = getattr(module, name)
+    if getattr(base, marker, False):
         return
-
-    class HTTPFactory(daphnes):
-        writes_no_access_log = True
-
-        def log(self, request) -> None:
-            pass
-
-    server.HTTPFactory = HTTPFactory
+    made = make(base)
+    setattr(made, marker, True)
+    setattr(module, name, made)
 
 
 def on_shutdown(callback) -> None:
