@@ -301,23 +301,72 @@ def test_a_parent_ending_and_a_child_naming_it_never_deadlock(parent_state):
             assert commit.wait(15)
         return ended
 
-    def parent_waits_for_the_child() -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                           "current_database() AND wait_event_type = 'Lock'")
-            return cursor.fetchone()[0] > 0
-
     with ThreadPoolExecutor(2) as pool:
         child_side = pool.submit(with_own_connection, child_names_parent)
         assert named.wait(15)
         parent_side = pool.submit(with_own_connection, end_parent)
-        wait_until(parent_waits_for_the_child, 15, "the parent's end to wait for the child")
+        wait_until(a_transaction_waits_for_a_lock, 15, "the parent's end to wait for the child")
         commit.set()
         assert child_side.result(30) is True
         assert parent_side.result(30)
     assert check_run_history(parent.id).state == RunState.ENDED
     child = check_run_history(child.id)
     assert child.end_cause == "cancelled" and child.control.caused_by_id == parent.id
+
+
+@pytest.mark.parametrize("end", ["interrupted", "completed"])
+def test_an_end_that_waited_for_the_runs_lock_sees_the_request_committed_meanwhile(end):
+    """A stop's request holds the run's lock with its intent written; the attempt's end
+    waits for that lock. Once the request commits, the end must read the intent as
+    committed: a read joined to the locking statement would get the run as the request
+    left it but its intents as they were when the end's statement began (none pending).
+    An interrupted attempt then ends the run stopped, as asked; a completion applies the
+    pending request (SPEC §7: no ended run keeps one)."""
+    run, generation = running_run()
+    written, commit = threading.Event(), threading.Event()
+
+    def request_stop():
+        with transaction.atomic():
+            domain.run_stop(run_id=run.id, actor="op", source="api", reason="halt")
+            written.set()
+            assert commit.wait(15)
+
+    def end_attempt() -> bool:
+        if end == "interrupted":
+            return domain.attempt_interrupted(run_id=run.id, generation=generation,
+                                              actor="worker", source="worker")
+        return domain.attempt_finish(run_id=run.id, generation=generation,
+                                     ending=Ending.completed("done"))
+
+    with ThreadPoolExecutor(2) as pool:
+        request_side = pool.submit(with_own_connection, request_stop)
+        assert written.wait(15)
+        end_side = pool.submit(with_own_connection, end_attempt)
+        wait_until(a_transaction_waits_for_a_lock, 15, "the end to wait for the run's lock")
+        commit.set()
+        request_side.result(30)
+        assert end_side.result(30) is True
+    ended = check_run_history(run.id)
+    intent = ControlIntent.objects.get(run_id=run.id)
+    assert intent.applied_at is not None
+    if end == "interrupted":
+        assert (ended.end_cause, ended.stop_reason, ended.stop_code) == (
+            "stopped", "halt", intent.stop_code)
+        assert ended_event(run.id).actor == "op"
+    else:
+        assert (ended.end_cause, ended.output) == ("completed", "done")
+
+
+def ended_event(run_id) -> Event:
+    return Event.objects.get(run_id=run_id, kind=EventKind.ENDED)
+
+
+def a_transaction_waits_for_a_lock() -> bool:
+    """Whether a transaction on the test database waits for a row lock now."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                       "current_database() AND wait_event_type = 'Lock'")
+        return cursor.fetchone()[0] > 0
 
 
 def with_own_connection(fn):

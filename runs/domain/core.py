@@ -55,7 +55,8 @@ def locked_run(run_id) -> Run:
     is held, in a statement of its own, and the open ticket when it is first used; neither
     is joined to the locking read: when a locking read waits for another transaction,
     PostgreSQL re-reads the locked row once that one commits but not the rows joined to
-    it, so a joined intent could be stale.
+    it, so a joined intent could be stale (``tests/test_races.py`` holds an end that waited
+    for a request's lock to the request's intent).
     """
     key = run_key(run_id)
     run = None if key is None else sql.lock(Run, key)
