@@ -290,25 +290,15 @@ def test_a_parent_ending_and_a_child_naming_it_never_deadlock(parent_state):
         def end_parent():
             return domain.attempt_finish(run_id=parent.id, generation=generation,
                                            ending=Ending.completed())
-    named, commit = threading.Event(), threading.Event()
 
     def child_names_parent():
-        with transaction.atomic():
-            ended = domain.attempt_parent_gone(
-                run_id=child.id, generation=child_generation, parent_id=parent.id,
-                why="command", actor="op", source="api")
-            named.set()
-            assert commit.wait(15)
-        return ended
+        return domain.attempt_parent_gone(
+            run_id=child.id, generation=child_generation, parent_id=parent.id,
+            why="command", actor="op", source="api")
 
-    with ThreadPoolExecutor(2) as pool:
-        child_side = pool.submit(with_own_connection, child_names_parent)
-        assert named.wait(15)
-        parent_side = pool.submit(with_own_connection, end_parent)
-        wait_until(a_transaction_waits_for_a_lock, 15, "the parent's end to wait for the child")
-        commit.set()
-        assert child_side.result(30) is True
-        assert parent_side.result(30)
+    child_ended, parent_ended = locked_while_another_waits(
+        child_names_parent, end_parent, "the parent's end to wait for the child")
+    assert child_ended is True and parent_ended
     assert check_run_history(parent.id).state == RunState.ENDED
     child = check_run_history(child.id)
     assert child.end_cause == "cancelled" and child.control.caused_by_id == parent.id
@@ -323,13 +313,9 @@ def test_an_end_that_waited_for_the_runs_lock_sees_the_request_committed_meanwhi
     An interrupted attempt then ends the run stopped, as asked; a completion applies the
     pending request (SPEC §7: no ended run keeps one)."""
     run, generation = running_run()
-    written, commit = threading.Event(), threading.Event()
 
     def request_stop():
-        with transaction.atomic():
-            domain.run_stop(run_id=run.id, actor="op", source="api", reason="halt")
-            written.set()
-            assert commit.wait(15)
+        return domain.run_stop(run_id=run.id, actor="op", source="api", reason="halt")
 
     def end_attempt() -> bool:
         if end == "interrupted":
@@ -338,27 +324,40 @@ def test_an_end_that_waited_for_the_runs_lock_sees_the_request_committed_meanwhi
         return domain.attempt_finish(run_id=run.id, generation=generation,
                                      ending=Ending.completed("done"))
 
-    with ThreadPoolExecutor(2) as pool:
-        request_side = pool.submit(with_own_connection, request_stop)
-        assert written.wait(15)
-        end_side = pool.submit(with_own_connection, end_attempt)
-        wait_until(a_transaction_waits_for_a_lock, 15, "the end to wait for the run's lock")
-        commit.set()
-        request_side.result(30)
-        assert end_side.result(30) is True
+    _, answered = locked_while_another_waits(request_stop, end_attempt,
+                                             "the end to wait for the run's lock")
+    assert answered is True
     ended = check_run_history(run.id)
     intent = ControlIntent.objects.get(run_id=run.id)
     assert intent.applied_at is not None
     if end == "interrupted":
         assert (ended.end_cause, ended.stop_reason, ended.stop_code) == (
             "stopped", "halt", intent.stop_code)
-        assert ended_event(run.id).actor == "op"
+        assert Event.objects.get(run_id=run.id, kind=EventKind.ENDED).actor == "op"
     else:
         assert (ended.end_cause, ended.output) == ("completed", "done")
 
 
-def ended_event(run_id) -> Event:
-    return Event.objects.get(run_id=run_id, kind=EventKind.ENDED)
+def locked_while_another_waits(holder, waiter, what: str) -> tuple:
+    """``holder()`` in a transaction on a thread of its own, kept open until ``waiter()``,
+    started on another thread once ``holder`` has returned, waits for a row lock (``what``
+    names that wait); then committed. The results of both, in that order."""
+    written, commit = threading.Event(), threading.Event()
+
+    def hold():
+        with transaction.atomic():
+            result = holder()
+            written.set()
+            assert commit.wait(15)
+        return result
+
+    with ThreadPoolExecutor(2) as pool:
+        held = pool.submit(with_own_connection, hold)
+        assert written.wait(15)
+        waited = pool.submit(with_own_connection, waiter)
+        wait_until(a_transaction_waits_for_a_lock, 15, what)
+        commit.set()
+        return held.result(30), waited.result(30)
 
 
 def a_transaction_waits_for_a_lock() -> bool:
