@@ -5,9 +5,12 @@ cancel, and a row saying why when it cannot be measured), and one benchmark at a
 database."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
+import uuid
 from io import StringIO
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from django.db import connection
 
 from harness import dbos_baseline
 from harness.dbos_baseline import DbosSystem
+from harness.instructions import PHASES, counted_phases, line_within
 from harness.management.commands.bench import (
     GC_PROBE,
     Command,
@@ -31,13 +35,13 @@ from harness.management.commands.bench import (
     process_environment,
     vacuum_tables,
 )
-from harness.processes import ROOT, WORKER_ENV, Busy, alone_on_the_database
+from harness.processes import ROOT, WORKER_ENV, Busy, alone_on_the_database, environment
 from harness.writes import LIFECYCLES, TOGETHER, writes_bench
 from runs import domain
 from runs.domain import outside, sql
 from runs.domain.totals import totals
 from runs.models import Attempt, Event, Run
-from tests.conftest import ON_POSTGRES
+from tests.conftest import HAS_SERVICES, ON_POSTGRES
 
 SPEC = {"agent": "demo.steps", "input": {"steps": 1, "step_seconds": 0}}
 
@@ -400,3 +404,56 @@ def test_the_collector_probe_records_each_full_pass_of_a_process_that_loads_it(t
     at, spent, collected, tracked = lines[0].split()
     assert abs(float(at) - time.time()) < 60 and float(spent) >= 0
     assert int(collected) >= 0 and int(tracked) > 0
+
+
+# A program of three phases, each saying so and waiting for a line: its start, then a sum of
+# 10**5 numbers, then one of 10**6.
+PHASED = """
+import sys
+for name, size in (("start", 0), ("small", 10**5), ("large", 10**6)):
+    sum(range(size))
+    print("done", name, flush=True)
+    sys.stdin.readline()
+"""
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_callgrind_counts_each_phase_apart_under_its_name(tmp_path):
+    counted = counted_phases([sys.executable, "-c", PHASED], ("start", "small", "large"),
+                             env=dict(os.environ), cwd=tmp_path)
+    assert set(counted) == {"start", "small", "large"}
+    assert 5 < counted["large"] / counted["small"] < 20  # each phase's count began at zero
+    with pytest.raises(RuntimeError, match="'hello', not 'done start'"):
+        counted_phases([sys.executable, "-c", "print('hello')"], ("start",),
+                       env=dict(os.environ), cwd=tmp_path)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_counted_program_makes_its_requests_then_ends_its_runs_and_empties_its_queue(
+        tmp_path):
+    if not HAS_SERVICES:
+        pytest.skip("needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL)")
+    from awaken_site.celery import app
+
+    queue = f"awaken-test-instructions-{uuid.uuid4().hex[:8]}"
+    with open(tmp_path / "stderr", "w+") as errors:
+        program = subprocess.Popen(
+            [sys.executable, "-m", "harness.instructions", "3", "2"], cwd=ROOT,
+            env=environment({"AWAKEN_QUEUE": queue}), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=errors, text=True)
+        try:
+            for phase in PHASES:
+                assert line_within(program, 60) == f"done {phase}"
+                program.stdin.write("\n")
+                program.stdin.flush()
+            assert program.wait(60) == 0, errors.seek(0) or errors.read()[-2000:]
+        finally:
+            if program.poll() is None:
+                program.kill()
+                program.wait()
+    made = Run.objects.filter(created_by__username="bench-instructions")
+    assert made.count() == 2 + 3  # the warm-up's creates, then the counted ones
+    assert set(made.values_list("end_cause", flat=True)) == {"cancelled"}
+    with app.connection_for_write() as broker:  # what its dispatches sent was taken away
+        assert broker.default_channel.queue_purge(queue) == 0

@@ -88,6 +88,11 @@ class Dispatches:
             with self._lock:
                 self._pending, self._sending = [], False
 
+    def idle(self) -> bool:
+        """Whether no run waits here and no send is under way."""
+        with self._lock:
+            return not self._sending and not self._pending
+
     def _send_pending(self) -> None:  # on a broker thread, with runs pending
         while True:
             if (wait := self._next_send - time.monotonic()) > 0:

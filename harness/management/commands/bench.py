@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -39,6 +40,7 @@ from awaken_site.celery import app
 from harness import celery_db, hostile
 from harness.baseline import bench_hang
 from harness.dbos_baseline import DbosSystem
+from harness.instructions import instructions_bench
 from harness.processes import (
     Busy,
     EmbeddedSite,
@@ -321,14 +323,15 @@ class Command(BaseCommand):
             "suite against a real daphne, with its memory and CPU before, during and after; "
             "'spread', 10,000 live attempts on 4 worker processes: cancels among them, their "
             "memory and what a lease interval costs the database; 'flood', a viewer's read "
-            "flood against the database pool while an operator cancels.")
+            "flood against the database pool while an operator cancels; 'instructions', "
+            "what a create and a read cost the web, counted by valgrind's callgrind.")
 
     def add_arguments(self, parser):
         parser.add_argument("what", nargs="?", default="all",
                             choices=["all", "cancel", "provider", "push", "lifecycle", "list",
                                      "memory", "sql", "metrics", "leases", "spread",
                                      "hostile", "flood", "watch", "writes", "first",
-                                     "gc"])
+                                     "gc", "instructions"])
         parser.add_argument("--watchers", type=int, default=3,
                             help="watch: browser pages on the busy run's page.")
         parser.add_argument("--watch-kind", default="steps,parent",
@@ -398,6 +401,8 @@ class Command(BaseCommand):
                             help="memory: the size of each of those answers.")
         parser.add_argument("--first-rounds", type=int, default=3,
                             help="first: fresh workers started for each chat agent.")
+        parser.add_argument("--requests", type=int, default=50,
+                            help="instructions: requests of each kind counted.")
         parser.add_argument("--transitions", type=int, default=2000,
                             help="sql: transitions measured each way.")
         parser.add_argument("--writes", type=int, default=3000,
@@ -515,6 +520,7 @@ class Command(BaseCommand):
             "first": lambda: self.first_runs(options["first_rounds"]),
             "gc": lambda: self.collector(options["answer_runs"], options["answer_bytes"]),
             "metrics": lambda: self.metrics(options["metrics_runs"], options["scrapes"]),
+            "instructions": lambda: counted_instructions(options["requests"]),
             "spread": lambda: self.spread(options["spread"], options["workers"],
                                           options["cancels"], options["batch"],
                                           options["ended"], options["webs"]),
@@ -527,7 +533,8 @@ class Command(BaseCommand):
             return
         rows = []
         try:
-            for name in ([p for p in parts if p not in ("spread", "gc")] if what == "all"
+            on_demand = ("spread", "gc", "instructions")
+            for name in ([p for p in parts if p not in on_demand] if what == "all"
                          else [what]):
                 rows += with_load(parts[name])
         except (TimeoutError, ProcessFailed) as error:
@@ -1701,6 +1708,17 @@ class Ratio(float):
 
 class Failed(str):
     """A row's figure that could not be measured: why, printed as ``failed: why``."""
+
+
+def counted_instructions(requests: int) -> list:
+    """``harness.instructions``'s rows, or one that says why they could not be counted."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        return [("count", "instructions a request", Failed(
+            "valgrind is not installed (Debian's package valgrind)"), "")]
+    try:
+        return instructions_bench(requests)
+    except RuntimeError as failure:
+        return [("count", "instructions a request", Failed(str(failure)), "")]
 
 
 CALLERS = 8  # the lifecycle benchmark's callers, on each side

@@ -1,0 +1,216 @@
+"""What a request costs the web, counted in instructions instead of timed.
+
+A time moves with the machine: with its load, and with its speed, which moved by half within
+minutes on some of the machines measured ("The twenty-ninth round" in
+docs/performance.md). A saving of a few per cent cannot be told from that. ``bench
+instructions`` runs this module as a program under valgrind's callgrind, which counts the
+instructions the process executes, in all its threads: for the same code and the same
+requests the count barely moves, whatever the machine does meanwhile.
+
+The program serves requests to the site's ASGI application (``awaken_site.asgi``: what daphne
+hands each request to, so everything of a request but daphne's and Twisted's reading and
+writing of it) on one event loop, one request at a time, in phases: a warm-up, then creates
+(``POST /api/runs/``), then reads of one run (``GET /api/runs/{id}/``). After each phase it
+says ``done <phase>`` and waits for a line; meanwhile the benchmark has callgrind write out
+its counts (``callgrind_control --dump``), which starts them again from zero. What a
+request's hooks hand to other threads (the change's publication, the run's dispatch to a
+worker) is counted with the request, as in the web; a hook still running when a phase ends
+falls into the next phase's count. The runs it made are cancelled at its end, and the queue
+their dispatches went to (one of its own) is deleted.
+"""
+
+import asyncio
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+PHASES = ("warm-up", "create", "get")
+WARM = 20  # requests of each kind before the counted ones
+PHASE_SECONDS = 900.0  # callgrind runs Python some fifty times slower than it runs alone
+SPEC = {"agent": "demo.steps", "input": {"steps": 1}}
+
+
+def instructions_bench(requests: int, warm: int = WARM) -> list:
+    """Rows of the instructions a create and a read cost the web, in thousands a request."""
+    from harness.processes import ROOT, environment
+
+    queue = f"awaken-instructions-{uuid.uuid4().hex[:8]}"
+    counted = counted_phases(
+        [sys.executable, "-m", "harness.instructions", str(requests), str(warm)], PHASES,
+        env=environment({"PYTHONHASHSEED": "0", "AWAKEN_QUEUE": queue}), cwd=ROOT)
+    note = (f"{requests} after {warm} of each; callgrind, every thread of the process; the "
+            "ASGI application daphne calls, daphne's and Twisted's own work left out")
+    return [("count", f"instructions a request, {label} (thousands)",
+             counted[phase] / requests / 1e3, note)
+            for phase, label in (("create", "POST /api/runs/ (create)"),
+                                 ("get", "GET /api/runs/{id}/"))]
+
+
+def counted_phases(command: list[str], phases, *, env: dict, cwd) -> dict[str, int]:
+    """Run ``command`` under callgrind. Each time it says ``done <phase>`` (the ``phases``
+    in order), have callgrind write out its counts under that phase's name, which starts
+    them again, then give the program a line to go on. The instructions of each phase, the
+    first with the program's start. RuntimeError if the program says or does otherwise."""
+    with tempfile.TemporaryDirectory(prefix="awaken-instructions-") as folder:
+        out = Path(folder) / "callgrind.out"
+        with open(Path(folder) / "valgrind.log", "w+") as log:
+            program = subprocess.Popen(
+                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", *command],
+                cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                text=True)
+            try:
+                for phase in phases:
+                    said = line_within(program, PHASE_SECONDS)
+                    if said != f"done {phase}":
+                        raise RuntimeError(f"the counted program said {said!r}, not "
+                                           f"'done {phase}': {tail(log)}")
+                    dumped = subprocess.run(
+                        ["callgrind_control", f"--dump={phase}", str(program.pid)],
+                        capture_output=True, text=True, timeout=120)
+                    if dumped.returncode != 0:
+                        raise RuntimeError(f"callgrind_control could not write out the "
+                                           f"counts: {(dumped.stdout + dumped.stderr)[-500:]}")
+                    program.stdin.write("\n")
+                    program.stdin.flush()
+                if program.wait(PHASE_SECONDS) != 0:
+                    raise RuntimeError(f"the counted program failed: {tail(log)}")
+            finally:
+                if program.poll() is None:
+                    program.kill()
+                    program.wait()
+        return dumped_totals(Path(folder))
+
+
+def tail(log, size: int = 2000) -> str:
+    """The end of what was written to the open file ``log``."""
+    log.flush()
+    log.seek(0)
+    return log.read()[-size:]
+
+
+def line_within(program: subprocess.Popen, seconds: float) -> str:
+    """The program's next line on its standard output, stripped; '' if it ended first.
+    TimeoutError if none comes within ``seconds``."""
+    ready, _, _ = select.select([program.stdout], [], [], seconds)
+    if not ready:
+        raise TimeoutError(f"the counted program said nothing in {seconds:.0f} s")
+    return program.stdout.readline().strip()
+
+
+def dumped_totals(folder: Path) -> dict[str, int]:
+    """The instructions counted in each dump that callgrind wrote in ``folder``, by the name
+    the dump was asked for with (``callgrind_control --dump=NAME``)."""
+    totals = {}
+    for path in folder.glob("callgrind.out.*"):
+        name = total = None
+        with open(path) as dump:
+            for line in dump:
+                if line.startswith("desc: Trigger: dump "):
+                    name = line.removeprefix("desc: Trigger: dump ").strip()
+                elif line.startswith("totals:"):
+                    total = int(line.split()[1])
+        if name is not None and total is not None:
+            totals[name] = total
+    return totals
+
+
+# --- the counted program -----------------------------------------------------------------------
+
+
+def main(requests: int, warm: int) -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "awaken_site.settings")
+    from awaken_site.asgi import application  # sets Django up
+
+    token = issued_token()
+    made: list[str] = []
+    try:
+        asyncio.run(serve(application, token, requests, warm, made))
+    finally:
+        tidy(made)
+
+
+def issued_token() -> str:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("operator_token", "bench-instructions", "--role", "operator", "--create",
+                 stdout=out)
+    return out.getvalue().strip()
+
+
+async def serve(app, token: str, requests: int, warm: int, made: list[str]) -> None:
+    async def create():
+        status, body = await asgi_request(app, token, "POST", "/api/runs/",
+                                          json.dumps(SPEC).encode())
+        assert status == 201, (status, body[:500])
+        made.append(json.loads(body)["id"])
+
+    async def get():
+        status, body = await asgi_request(app, token, "GET", f"/api/runs/{made[0]}/")
+        assert status == 200, (status, body[:500])
+
+    for phase, calls in zip(PHASES, ([create, get] * warm, [create] * requests,
+                                     [get] * requests), strict=True):
+        for call in calls:
+            await call()
+        print(f"done {phase}", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)  # while the counts are written out
+
+
+async def asgi_request(app, token: str, method: str, path: str,
+                       body: bytes = b"") -> tuple[int, bytes]:
+    """One HTTP request to the ASGI application ``app``, as daphne hands it one from a
+    client that stays connected; its status and body."""
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+        "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
+        "query_string": b"", "root_path": "",
+        "headers": [(b"host", b"127.0.0.1"), (b"authorization", f"Token {token}".encode()),
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000),
+    }
+    incoming = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive():
+        if incoming:
+            return incoming.pop()
+        await asyncio.Event().wait()  # the client stays until the answer is written
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return sent[0]["status"], b"".join(message.get("body", b"") for message in sent[1:])
+
+
+def tidy(made: list[str]) -> None:
+    """Cancel the runs the program made, and delete the queue their dispatches went to."""
+    from django.conf import settings
+
+    from awaken_site.celery import app
+    from harness.processes import wait_until
+    from runs import domain
+    from runs.workers.dispatch import dispatches
+
+    for run_id in made:
+        domain.run_cancel(run_id=run_id, actor="bench", source="cli")
+    wait_until(dispatches.idle, 60, "the runs' dispatches to be sent")
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE  # its exchange has its name (Celery's default)
+    with app.connection_for_write() as broker:
+        channel = broker.default_channel
+        channel.queue_purge(queue)
+        channel.queue_delete(queue)
+        channel.exchange_delete(queue)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
