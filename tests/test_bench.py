@@ -417,6 +417,7 @@ for name, size in (("start", 0), ("small", 10**5), ("large", 10**6)):
 """
 
 
+@pytest.mark.one_backend  # no database
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 def test_callgrind_counts_each_phase_apart_under_its_name(tmp_path):
     counted = counted_phases([sys.executable, "-c", PHASED], ("start", "small", "large"),
