@@ -25,7 +25,6 @@ import os
 import select
 import subprocess
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -56,9 +55,11 @@ def counted_phases(command: list[str], phases, *, env: dict, cwd) -> dict[str, i
     in order), have callgrind write out its counts under that phase's name, which starts
     them again, then give the program a line to go on. The instructions of each phase, the
     first with the program's start. RuntimeError if the program says or does otherwise."""
-    with tempfile.TemporaryDirectory(prefix="awaken-instructions-") as folder:
-        out = Path(folder) / "callgrind.out"
-        with open(Path(folder) / "valgrind.log", "w+") as log:
+    from harness.processes import scratch_folder
+
+    with scratch_folder("awaken-instructions-") as folder:
+        out = folder / "callgrind.out"
+        with open(folder / "valgrind.log", "w+") as log:
             program = subprocess.Popen(
                 ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", *command],
                 cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
@@ -83,7 +84,7 @@ def counted_phases(command: list[str], phases, *, env: dict, cwd) -> dict[str, i
                 if program.poll() is None:
                     program.kill()
                     program.wait()
-        return dumped_totals(Path(folder))
+        return dumped_totals(folder)
 
 
 def tail(log, size: int = 2000) -> str:
@@ -125,24 +126,14 @@ def dumped_totals(folder: Path) -> dict[str, int]:
 def main(requests: int, warm: int) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "awaken_site.settings")
     from awaken_site.asgi import application  # sets Django up
+    from harness.processes import issued_key
 
-    token = issued_token()
+    token = issued_key("bench-instructions", "operator")
     made: list[str] = []
     try:
         asyncio.run(serve(application, token, requests, warm, made))
     finally:
         tidy(made)
-
-
-def issued_token() -> str:
-    from io import StringIO
-
-    from django.core.management import call_command
-
-    out = StringIO()
-    call_command("operator_token", "bench-instructions", "--role", "operator", "--create",
-                 stdout=out)
-    return out.getvalue().strip()
 
 
 async def serve(app, token: str, requests: int, warm: int, made: list[str]) -> None:

@@ -74,6 +74,18 @@ def wait_until(condition, timeout: float = 10.0, what: str = "the condition",
         time.sleep(every)
 
 
+def issued_key(username: str, role: str) -> str:
+    """A new API key for ``username`` (made with ``role`` if missing), as ``manage.py
+    operator_token --create`` issues one; the key it replaces stops working."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("operator_token", username, "--role", role, "--create", stdout=out)
+    return out.getvalue().strip()
+
+
 def free_port() -> int:
     """A TCP port of 127.0.0.1 that nothing listens on now."""
     with socket.socket() as sock:

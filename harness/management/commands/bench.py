@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from importlib import import_module
-from io import StringIO
 from operator import itemgetter
 from pathlib import Path
 
@@ -55,6 +54,7 @@ from harness.processes import (
     cpu_ns,
     database_url,
     environment,
+    issued_key,
     scratch_folder,
     wait_until,
 )
@@ -496,7 +496,7 @@ class Command(BaseCommand):
         # The web processes serve on these settings, as a deployment does: their pages (the
         # error page among them) name the collected static files by their hashed names.
         call_command("collectstatic", interactive=False, verbosity=0)
-        self.token = self.bench_user_token()
+        self.token = issued_key("bench", "operator")
         parts = {
             "cancel": lambda: self.cancel([int(n) for n in options["live"].split(",")],
                                           options["cancels"], options["batch"],
@@ -600,11 +600,6 @@ class Command(BaseCommand):
         return rows
 
     # --- set-up -------------------------------------------------------------------------
-
-    def bench_user_token(self) -> str:
-        out = StringIO()
-        call_command("operator_token", "bench", "--role", "operator", "--create", stdout=out)
-        return out.getvalue().strip()
 
     def cleanup(self):
         """End whatever the benchmark left live, so no run of it stays running (called
@@ -1328,12 +1323,10 @@ class Command(BaseCommand):
     def hostile(self, sizes, rounds, seed) -> None:
         """The hostile-input attack against daphne on the configured database and Redis,
         with a worker of its own completing the runs."""
-        viewer = StringIO()
-        call_command("operator_token", "bench-viewer", "--role", "viewer", "--create",
-                     stdout=viewer)
+        viewer = issued_key("bench-viewer", "viewer")
         with self.system(workers=1) as (web, _):
             target = hostile.Target(port=web.port, pid=web.pid, operator=self.token,
-                                    viewer=viewer.getvalue().strip(), log=web.log)
+                                    viewer=viewer, log=web.log)
             self.print_hostile("daphne, " + self.layout(), hostile.attack(
                 target, sizes, rounds=rounds, seed=seed, say=self.stdout.write))
 
@@ -1385,10 +1378,7 @@ class Command(BaseCommand):
         the cancels' latency and the web process's memory after."""
         from collections import Counter
 
-        viewer = StringIO()
-        call_command("operator_token", "bench-viewer", "--role", "viewer", "--create",
-                     stdout=viewer)
-        viewer = viewer.getvalue().strip()
+        viewer = issued_key("bench-viewer", "viewer")
         created = [domain.run_create(agent="demo.steps", dispatch=False, source="cli")[0].id
                    for _ in range(runs)]
         targets = [str(run_id) for run_id in created[:cancels]]
