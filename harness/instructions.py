@@ -36,12 +36,14 @@ SPEC = {"agent": "demo.steps", "input": {"steps": 1}}
 
 def instructions_bench(requests: int, warm: int = WARM) -> list:
     """Rows of the instructions a create and a read cost the web, in thousands a request."""
-    from harness.processes import ROOT, environment
+    from harness.processes import ROOT, environment, scratch_folder
 
     queue = f"awaken-instructions-{uuid.uuid4().hex[:8]}"
-    counted = counted_phases(
-        [sys.executable, "-m", "harness.instructions", str(requests), str(warm)], PHASES,
-        env=environment({"PYTHONHASHSEED": "0", "AWAKEN_QUEUE": queue}), cwd=ROOT)
+    with scratch_folder("awaken-instructions-") as folder:  # kept, with its log, on failure
+        counted = counted_phases(
+            [sys.executable, "-m", "harness.instructions", str(requests), str(warm)], PHASES,
+            env=environment({"PYTHONHASHSEED": "0", "AWAKEN_QUEUE": queue}), cwd=ROOT,
+            folder=folder)
     note = (f"{requests} after {warm} of each; callgrind, every thread of the process; the "
             "ASGI application daphne calls, daphne's and Twisted's own work left out")
     return [("count", f"instructions a request, {label} (thousands)",
@@ -50,41 +52,40 @@ def instructions_bench(requests: int, warm: int = WARM) -> list:
                                  ("get", "GET /api/runs/{id}/"))]
 
 
-def counted_phases(command: list[str], phases, *, env: dict, cwd) -> dict[str, int]:
-    """Run ``command`` under callgrind. Each time it says ``done <phase>`` (the ``phases``
-    in order), have callgrind write out its counts under that phase's name, which starts
-    them again, then give the program a line to go on. The instructions of each phase, the
-    first with the program's start. RuntimeError if the program says or does otherwise."""
-    from harness.processes import scratch_folder
-
-    with scratch_folder("awaken-instructions-") as folder:
-        out = folder / "callgrind.out"
-        with open(folder / "valgrind.log", "w+") as log:
-            program = subprocess.Popen(
-                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", *command],
-                cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                text=True)
-            try:
-                for phase in phases:
-                    said = line_within(program, PHASE_SECONDS)
-                    if said != f"done {phase}":
-                        raise RuntimeError(f"the counted program said {said!r}, not "
-                                           f"'done {phase}': {tail(log)}")
-                    dumped = subprocess.run(
-                        ["callgrind_control", f"--dump={phase}", str(program.pid)],
-                        capture_output=True, text=True, timeout=120)
-                    if dumped.returncode != 0:
-                        raise RuntimeError(f"callgrind_control could not write out the "
-                                           f"counts: {(dumped.stdout + dumped.stderr)[-500:]}")
-                    program.stdin.write("\n")
-                    program.stdin.flush()
-                if program.wait(PHASE_SECONDS) != 0:
-                    raise RuntimeError(f"the counted program failed: {tail(log)}")
-            finally:
-                if program.poll() is None:
-                    program.kill()
-                    program.wait()
-        return dumped_totals(folder)
+def counted_phases(command: list[str], phases, *, env: dict, cwd, folder: Path
+                   ) -> dict[str, int]:
+    """Run ``command`` under callgrind, its counts and log written in ``folder``. Each time
+    it says ``done <phase>`` (the ``phases`` in order), have callgrind write out its counts
+    under that phase's name, which starts them again, then give the program a line to go
+    on. The instructions of each phase, the first with the program's start. RuntimeError if
+    the program says or does otherwise."""
+    out = folder / "callgrind.out"
+    with open(folder / "valgrind.log", "w+") as log:
+        program = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", *command],
+            cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+            text=True)
+        try:
+            for phase in phases:
+                said = line_within(program, PHASE_SECONDS)
+                if said != f"done {phase}":
+                    raise RuntimeError(f"the counted program said {said!r}, not "
+                                       f"'done {phase}': {tail(log)}")
+                dumped = subprocess.run(
+                    ["callgrind_control", f"--dump={phase}", str(program.pid)],
+                    capture_output=True, text=True, timeout=120)
+                if dumped.returncode != 0:
+                    raise RuntimeError(f"callgrind_control could not write out the "
+                                       f"counts: {(dumped.stdout + dumped.stderr)[-500:]}")
+                program.stdin.write("\n")
+                program.stdin.flush()
+            if program.wait(PHASE_SECONDS) != 0:
+                raise RuntimeError(f"the counted program failed: {tail(log)}")
+        finally:
+            if program.poll() is None:
+                program.kill()
+                program.wait()
+    return dumped_totals(folder)
 
 
 def tail(log, size: int = 2000) -> str:

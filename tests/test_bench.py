@@ -421,12 +421,12 @@ for name, size in (("start", 0), ("small", 10**5), ("large", 10**6)):
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 def test_callgrind_counts_each_phase_apart_under_its_name(tmp_path):
     counted = counted_phases([sys.executable, "-c", PHASED], ("start", "small", "large"),
-                             env=dict(os.environ), cwd=tmp_path)
+                             env=dict(os.environ), cwd=tmp_path, folder=tmp_path)
     assert set(counted) == {"start", "small", "large"}
     assert 5 < counted["large"] / counted["small"] < 20  # each phase's count began at zero
     with pytest.raises(RuntimeError, match="'hello', not 'done start'"):
         counted_phases([sys.executable, "-c", "print('hello')"], ("start",),
-                       env=dict(os.environ), cwd=tmp_path)
+                       env=dict(os.environ), cwd=tmp_path, folder=tmp_path)
 
 
 @pytest.mark.postgres
