@@ -1,10 +1,11 @@
 """The project wiring of the ``runs`` app: what Django runs once every model is loaded.
 
-It plugs the adapters into the domain's two outside interfaces (``runs.domain.outside``)
-and loads the agents into the catalogue, in every process alike (web, worker, beat,
-commands, tests): the built-in demo agents (with ``AWAKEN_DEMO_AGENTS=1`` only), the
-modules of ``AWAKEN_AGENTS``, then the ``awaken.agents`` entry points of the installed
-packages.
+It plugs the adapters into the domain's two outside interfaces (``runs.domain.outside``),
+has each new PostgreSQL connection read ``timestamptz`` with the driver's compiled loader
+(``awaken_site.django_postgresql``) and loads the agents into the catalogue, in every
+process alike (web, worker, beat, commands, tests): the built-in demo agents (with
+``AWAKEN_DEMO_AGENTS=1`` only), the modules of ``AWAKEN_AGENTS``, then the
+``awaken.agents`` entry points of the installed packages.
 """
 
 from importlib import import_module
@@ -15,6 +16,9 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
+from django.db.backends.signals import connection_created
+
+from awaken_site import django_postgresql
 
 ENTRY_POINT_GROUP = "awaken.agents"
 
@@ -32,6 +36,7 @@ class RunsConfig(AppConfig):
         from runs.workers import dispatch
 
         outside.connect(workers=dispatch, changes=publishing)
+        connection_created.connect(django_postgresql.load_times_with_the_driver)
         prices.parse_prices(settings.AWAKEN_MODEL_PRICES)  # a bad table stops the start-up
         if demo_agents_enabled():
             import_module("runs.agents.demo")  # registers the demo agents
