@@ -407,11 +407,16 @@ def test_the_collector_probe_records_each_full_pass_of_a_process_that_loads_it(t
 
 
 # A program of three phases, each saying so and waiting for a line: its start, then a sum of
-# 10**5 numbers, then one of 10**6.
+# 10**5 numbers, then one of 10**6 while a thread of its own sums 10**5.
 PHASED = """
-import sys
+import sys, threading
 for name, size in (("start", 0), ("small", 10**5), ("large", 10**6)):
+    if name == "large":
+        other = threading.Thread(target=sum, args=(range(10**5),))
+        other.start()
     sum(range(size))
+    if name == "large":
+        other.join()
     print("done", name, flush=True)
     sys.stdin.readline()
 """
@@ -423,7 +428,11 @@ def test_callgrind_counts_each_phase_apart_under_its_name(tmp_path):
     counted = counted_phases([sys.executable, "-c", PHASED], ("start", "small", "large"),
                              env=dict(os.environ), cwd=tmp_path, folder=tmp_path)
     assert set(counted) == {"start", "small", "large"}
-    assert 5 < counted["large"] / counted["small"] < 20  # each phase's count began at zero
+    small, large = sum(counted["small"]), sum(counted["large"])
+    assert 5 < large / small < 20  # each phase's count began at zero
+    # Each thread is counted apart: the main thread's sum ten times the other's.
+    busiest, second = sorted(counted["large"], reverse=True)[:2]
+    assert 5 < busiest / second < 20
     with pytest.raises(RuntimeError, match="'hello', not 'done start'"):
         counted_phases([sys.executable, "-c", "print('hello')"], ("start",),
                        env=dict(os.environ), cwd=tmp_path, folder=tmp_path)
