@@ -25,6 +25,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "awaken_site.settings")
 django_app = WsgiOnThreads(get_wsgi_application())
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from awaken_site.body_limit import BodySizeLimit  # noqa: E402
@@ -45,7 +46,7 @@ serve_without_twisteds_access_log()  # the site writes its own (awaken_site.logs
 # The channel layer made before anything is served: its backend's import (channels_redis,
 # 0.1 s and more) would otherwise fall on the first socket's join, on the loop every
 # connection shares, or on the first change's publish, in its request.
-stream.prepare()
+stream.prepare(linger=settings.AWAKEN_PUBLISH_LINGER)
 
 # Draining, outermost: on SIGTERM what is held open answers and ends (runs.sockets.shutdown).
 application = Draining(ProtocolTypeRouter({

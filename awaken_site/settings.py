@@ -549,6 +549,13 @@ AWAKEN_DISPATCH_CHUNK = envnumber("AWAKEN_DISPATCH_CHUNK", "50", minimum=1)
 # so it is kept short (1 s at most).
 AWAKEN_DISPATCH_LINGER = envnumber("AWAKEN_DISPATCH_LINGER", "0.05", kind=float, minimum=0,
                                    maximum=1)
+# A web process sends its changes to the channel layer at most once per this many
+# seconds: the changes committed within it of the last send (a burst of creates) go
+# together in the next, one message for them all; a change after a quiet spell goes at
+# once (runs.changes.stream). The workers send theirs as they come: a waiting cancel's
+# answer follows a worker's end.
+AWAKEN_PUBLISH_LINGER = envnumber("AWAKEN_PUBLISH_LINGER", "0.01", kind=float, minimum=0,
+                                  maximum=1)
 # How long a live command waits for the owning worker's answer.
 AWAKEN_DELIVERY_TIMEOUT = envnumber("AWAKEN_DELIVERY_TIMEOUT", "1.0", kind=float, minimum=0.05)
 # The broker threads (runs.workers.broker): the threads of each process that talk to the

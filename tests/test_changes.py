@@ -155,6 +155,43 @@ def test_changes_published_together_go_as_few_group_messages_and_arrive_in_order
     assert len(ours) <= 6
 
 
+def test_a_web_process_sends_the_changes_of_a_burst_together_and_a_lone_one_at_once(
+        layer, monkeypatch):
+    """With a linger (a web process's ``AWAKEN_PUBLISH_LINGER``), a change after a quiet
+    spell is sent at once; the changes published within the linger of that send wait for
+    its end and go together, one group message."""
+    from channels.layers import InMemoryChannelLayer
+    sent = []
+    group_send = InMemoryChannelLayer.group_send
+
+    async def timed(self, group, message):
+        if message.get("type") != "ping":
+            sent.append((time.monotonic(), message))
+        await group_send(self, group, message)
+    monkeypatch.setattr(InMemoryChannelLayer, "group_send", timed)
+    monkeypatch.setattr(stream, "linger", 1.0)
+    monkeypatch.setattr(stream, "_last_send", float("-inf"))  # quiet until now
+    alone, *burst = [change(str(uuid.uuid4())) for _ in range(3)]
+
+    def wait_for(count):
+        deadline = time.monotonic() + 10
+        while len(sent) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(sent) == count, sent
+
+    published = time.monotonic()
+    stream.publish([alone])
+    wait_for(1)
+    for message in burst:  # within the linger of the send just made
+        stream.publish([message])
+    wait_for(2)
+    (first_at, first), (second_at, second) = sent
+    assert first == alone
+    assert first_at - published < stream.linger  # not held: nothing was sent before it
+    assert second == {"type": "batch", "messages": burst}
+    assert second_at - first_at >= stream.linger
+
+
 def test_a_socket_too_far_behind_is_closed_once():
     async def body():
         overflowed = []

@@ -58,6 +58,8 @@ class Stream:
         self._listening_on = None  # the channel layer the subscription was made on
         self._subscribed = threading.Event()
         self.renewals = 0  # group memberships made or renewed, for tests and metrics
+        self.linger = 0.0  # a send begins at least this long after the last one (prepare)
+        self._last_send = float("-inf")  # when the last send began, on the loop's clock
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -71,11 +73,16 @@ class Stream:
                                  daemon=True).start()
             return self._loop
 
-    def prepare(self) -> None:
+    def prepare(self, linger: float = 0.0) -> None:
         """The channel layer made (its backend's modules imported) and the stream's loop
         started, as a web process (``awaken_site.asgi``) or a worker
         (``runs.runtime.executor``) starts: its first change, published after its commit,
-        and its first socket's join, on the server's loop, then wait for neither."""
+        and its first socket's join, on the server's loop, then wait for neither.
+
+        ``linger``: a send begins at least this many seconds after the last one began, so
+        that the changes published within it go together, one message for them all. A
+        change published after a quiet spell is sent at once."""
+        self.linger = linger
         if get_channel_layer() is not None:
             self.loop  # noqa: B018 - started on first use
 
@@ -108,7 +115,11 @@ class Stream:
         return first if len(messages) == 1 else {"type": "batch", "messages": messages}
 
     async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._pending:
+            if (wait := self._last_send + self.linger - loop.time()) > 0:
+                await asyncio.sleep(wait)  # the changes published meanwhile go with these
+            self._last_send = loop.time()
             message = self._next_send()
             for delay in (*self.RETRY_DELAYS, None):
                 try:

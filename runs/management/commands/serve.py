@@ -19,6 +19,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 
+from runs.changes.stream import stream
 from runs.providers.stub import Stub, StubServer
 from runs.sockets import daphne
 from runs.workers.sweeper import Sweeper
@@ -39,6 +40,9 @@ class Command(BaseCommand):
     def handle(self, host, port, concurrency, **options):
         password = self.ensure_admin()
         application = get_default_application()
+        # One process, one stream: it carries the worker's ends, which a waiting cancel
+        # answers on, so its changes are sent as they come, a worker's way.
+        stream.prepare(linger=0.0)
         if not settings.AWAKEN_PROVIDER_BASE_URL:
             stub = start_stub()
             self.stdout.write(f"No model provider configured: the provider stub answers at "
