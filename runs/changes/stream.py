@@ -4,8 +4,11 @@ Out (``publish``): messages are sent to one group of the channel layer in the or
 from one long-lived event loop of the stream's own, in a thread named ``changes``; nothing
 else in the process touches the channel layer, so it never matters which loop a caller is
 on. The messages pending when a send begins go as one ``batch`` message, in order (one
-Redis publish for them all, and one message for each process to receive). A send that
-fails is tried again a few times, then dropped: clients heal with "resume after seq".
+Redis publish for them all, and one message for each process to receive). A web process also
+lets a send begin no sooner than ``linger`` after the last one began
+(``AWAKEN_PUBLISH_LINGER``), so that a burst's changes go together; a change after a quiet
+spell goes at once. A send that fails is tried again a few times, then dropped: clients
+heal with "resume after seq".
 
 In: the process holds at most one subscription to that group, whatever follows it here,
 and forwards each message it receives:
