@@ -134,11 +134,19 @@ def test_a_chat_streams_to_the_runs_socket_and_commits_only_its_answer(agent_sit
 
 
 def test_a_cancel_mid_stream_closes_the_providers_connection_at_once(agent_site,
-                                                                    provider_stub):
-    model = "echo+hang=3"
+                                                                    provider_stub, watch):
+    model = "echo+hang=0+hang=3"  # holds before its first chunk, then after its third
     run = create(agent_site, "demo.chat", {"prompt": "never finished", "model": model})
+    watcher = watch(run["id"])
     call = provider_stub.stub.wait(lambda calls: next(
-        (c for c in calls if c.model == model and c.holding), None), what="a hanging stream")
+        (c for c in calls if c.model == model and c.holding), None), what="the call")
+    provider_stub.stub.release()  # the socket is there: let the first three chunks go
+    provider_stub.stub.wait(lambda calls: call.holding and call.chunks == 3,
+                            what="a hanging stream")
+    # They have reached the worker (on a busy machine it can read them later than the
+    # stub sent them): what comes after the request is none.
+    watcher.wait(lambda messages: "".join(
+        m["delta"] for m in messages if m["type"] == "run.output").strip() == "You said: never")
     sent = time.monotonic()
     status, body = agent_site.call("POST", f"/api/runs/{run['id']}/cancel/", {})
     assert status == 200 and body["end_cause"] == "cancelled"
