@@ -46,7 +46,8 @@ serve_without_twisteds_access_log()  # the site writes its own (awaken_site.logs
 # The channel layer made before anything is served: its backend's import (channels_redis,
 # 0.1 s and more) would otherwise fall on the first socket's join, on the loop every
 # connection shares, or on the first change's publish, in its request.
-stream.prepare(linger=settings.AWAKEN_PUBLISH_LINGER)
+stream.prepare()
+stream.linger = settings.AWAKEN_PUBLISH_LINGER  # a burst's changes go together
 
 # Draining, outermost: on SIGTERM what is held open answers and ends (runs.sockets.shutdown).
 application = Draining(ProtocolTypeRouter({

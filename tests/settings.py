@@ -20,3 +20,7 @@ STORAGES = {**STORAGES, "staticfiles": {  # noqa: F405
 STATIC_ROOT = None
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = True
+# The tests that commit here and read the pushes of a socket here expect each change as it
+# commits, after the snapshot that came before it: this process sends them at once. The
+# web processes the tests start keep the web's linger; tests/test_changes.py tests it.
+AWAKEN_PUBLISH_LINGER = 0.0

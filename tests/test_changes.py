@@ -4,6 +4,7 @@ channel layer's group expiry, feeding sockets that cannot hold each other up."""
 import asyncio
 import itertools
 import json
+import os
 import re
 import subprocess
 import sys
@@ -408,6 +409,17 @@ def test_a_web_process_makes_its_channel_layer_before_it_serves():
     assert program.returncode == 0, program.stderr[-3000:]
     result = json.loads(program.stdout.strip().splitlines()[-1])
     assert result == {"subscribed": True, "imported": []}
+
+
+def test_a_web_process_takes_its_linger_from_the_setting():
+    program = subprocess.run(
+        [sys.executable, "-c", "import awaken_site.asgi\n"
+         "from runs.changes.stream import stream\nprint(stream.linger)"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "awaken_site.settings",
+             "AWAKEN_PUBLISH_LINGER": "0.25"})
+    assert program.returncode == 0, program.stderr[-3000:]
+    assert program.stdout.strip().splitlines()[-1] == "0.25"
 
 
 @pytest.mark.django_db(transaction=True)

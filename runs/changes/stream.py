@@ -61,7 +61,10 @@ class Stream:
         self._listening_on = None  # the channel layer the subscription was made on
         self._subscribed = threading.Event()
         self.renewals = 0  # group memberships made or renewed, for tests and metrics
-        self.linger = 0.0  # a send begins at least this long after the last one (prepare)
+        # A send begins at least this many seconds after the last one began, so that the
+        # changes published within it go together; a change after a quiet spell goes at
+        # once. A web process sets it as it starts (awaken_site.asgi); 0: each at once.
+        self.linger = 0.0
         self._last_send = float("-inf")  # when the last send began, on the loop's clock
 
     # --- the loop ---------------------------------------------------------------------------
@@ -76,16 +79,11 @@ class Stream:
                                  daemon=True).start()
             return self._loop
 
-    def prepare(self, linger: float = 0.0) -> None:
+    def prepare(self) -> None:
         """The channel layer made (its backend's modules imported) and the stream's loop
         started, as a web process (``awaken_site.asgi``) or a worker
         (``runs.runtime.executor``) starts: its first change, published after its commit,
-        and its first socket's join, on the server's loop, then wait for neither.
-
-        ``linger``: a send begins at least this many seconds after the last one began, so
-        that the changes published within it go together, one message for them all. A
-        change published after a quiet spell is sent at once."""
-        self.linger = linger
+        and its first socket's join, on the server's loop, then wait for neither."""
         if get_channel_layer() is not None:
             self.loop  # noqa: B018 - started on first use
 

@@ -42,7 +42,7 @@ class Command(BaseCommand):
         application = get_default_application()
         # One process, one stream: it carries the worker's ends, which a waiting cancel
         # answers on, so its changes are sent as they come, a worker's way.
-        stream.prepare(linger=0.0)
+        stream.linger = 0.0
         if not settings.AWAKEN_PROVIDER_BASE_URL:
             stub = start_stub()
             self.stdout.write(f"No model provider configured: the provider stub answers at "
