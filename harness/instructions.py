@@ -10,7 +10,11 @@ requests the count barely moves, whatever the machine does meanwhile.
 The program serves requests to the site's ASGI application (``awaken_site.asgi``: what daphne
 hands each request to, so everything of a request but daphne's and Twisted's reading and
 writing of it) on one event loop, one request at a time, in phases: a warm-up, then creates
-(``POST /api/runs/``), then reads of one run (``GET /api/runs/{id}/``). After each phase it
+(``POST /api/runs/``), then reads of one run (``GET /api/runs/{id}/``), then cancels of the
+runs it made, each held by an attempt of a worker that is not there (``POST
+/api/runs/{id}/cancel/?wait=0``: the intent committed and the live command sent to the
+attempt's worker through the broker, no answer waited for). The claims of those runs, a
+phase of their own, are not reported. After each phase it
 says ``done <phase>`` and waits for a line; meanwhile the benchmark has callgrind write out
 its counts (``callgrind_control --dump``), which starts them again from zero. What a
 request's hooks hand to other threads (the change's publication, the run's dispatch to a
@@ -18,7 +22,7 @@ worker) is counted with the request, as in the web; a hook still running when a 
 falls into the next phase's count. Each thread is counted apart, and the busiest of a phase,
 the request's own thread, is also given alone: its count is the steady one, as the other
 threads' work depends on time (callgrind slows them as it slows everything). The runs it
-made are cancelled at its end, and the queue their dispatches went to (one of its own) is
+made are ended at its end, and the queue their dispatches went to (one of its own) is
 deleted.
 """
 
@@ -31,7 +35,8 @@ import sys
 import uuid
 from pathlib import Path
 
-PHASES = ("warm-up", "create", "get")
+PHASES = ("warm-up", "create", "get", "claim", "cancel")
+NOBODY = "instructions@nowhere:1"  # the owner of the attempts the cancels go to
 WARM = 20  # requests of each kind before the counted ones
 PHASE_SECONDS = 900.0  # callgrind runs Python some fifty times slower than it runs alone
 SPEC = {"agent": "demo.steps", "input": {"steps": 1}}
@@ -53,7 +58,8 @@ def instructions_bench(requests: int, warm: int = WARM) -> list:
              "view, without what its hooks hand to other threads; steadier than the whole")
     rows = []
     for phase, label in (("create", "POST /api/runs/ (create)"),
-                         ("get", "GET /api/runs/{id}/")):
+                         ("get", "GET /api/runs/{id}/"),
+                         ("cancel", "POST /api/runs/{id}/cancel/, running, no wait")):
         threads = counted[phase]
         rows += [("count", f"instructions a request, {label} (thousands)",
                   sum(threads) / requests / 1e3, note),
@@ -146,13 +152,15 @@ def main(requests: int, warm: int) -> None:
 
     token = issued_key("bench-instructions", "operator")
     made: list[str] = []
+    held: list = []
     try:
-        asyncio.run(serve(application, token, requests, warm, made))
+        asyncio.run(serve(application, token, requests, warm, made, held))
     finally:
-        tidy(made)
+        tidy(made, held)
 
 
-async def serve(app, token: str, requests: int, warm: int, made: list[str]) -> None:
+async def serve(app, token: str, requests: int, warm: int, made: list[str],
+                held: list) -> None:
     async def create():
         status, body = await asgi_request(app, token, "POST", "/api/runs/",
                                           json.dumps(SPEC).encode())
@@ -163,22 +171,41 @@ async def serve(app, token: str, requests: int, warm: int, made: list[str]) -> N
         status, body = await asgi_request(app, token, "GET", f"/api/runs/{made[0]}/")
         assert status == 200, (status, body[:500])
 
-    for phase, calls in zip(PHASES, ([create, get] * warm, [create] * requests,
-                                     [get] * requests), strict=True):
+    async def claim(count):
+        """Have the last ``count`` runs made held by attempts of ``NOBODY``."""
+        claimed = await asyncio.to_thread(hold, made[-count:], held)
+        del made[-count:]
+        return claimed
+
+    async def cancel():
+        status, body = await asgi_request(app, token, "POST", f"/api/runs/{cancels.pop()}"
+                                          "/cancel/", b"{}", query="wait=0")
+        assert status == 202, (status, body[:500])  # asked, not yet ended
+
+    cancels = []
+    for phase, calls in zip(PHASES, ([create, get] * warm + [create] * warm,
+                                     [create] * requests, [get] * requests, [], [cancel] *
+                                     requests), strict=True):
+        if phase == "claim":
+            cancels = await claim(requests)
         for call in calls:
             await call()
+        if phase == "warm-up":
+            cancels = await claim(warm)
+            for _ in range(warm):
+                await cancel()
         print(f"done {phase}", flush=True)
         await asyncio.to_thread(sys.stdin.readline)  # while the counts are written out
 
 
-async def asgi_request(app, token: str, method: str, path: str,
-                       body: bytes = b"") -> tuple[int, bytes]:
+async def asgi_request(app, token: str, method: str, path: str, body: bytes = b"",
+                       query: str = "") -> tuple[int, bytes]:
     """One HTTP request to the ASGI application ``app``, as daphne hands it one from a
     client that stays connected; its status and body."""
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
         "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
-        "query_string": b"", "root_path": "",
+        "query_string": query.encode(), "root_path": "",
         "headers": [(b"host", b"127.0.0.1"), (b"authorization", f"Token {token}".encode()),
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode())],
@@ -199,8 +226,20 @@ async def asgi_request(app, token: str, method: str, path: str,
     return sent[0]["status"], b"".join(message.get("body", b"") for message in sent[1:])
 
 
-def tidy(made: list[str]) -> None:
-    """Cancel the runs the program made, and delete the queue their dispatches went to."""
+def hold(run_ids: list[str], held: list) -> list[str]:
+    """Have the queued runs ``run_ids`` claimed by attempts of ``NOBODY``, noted in ``held``
+    (id, generation) for ``tidy`` to end; their ids."""
+    from runs import domain
+
+    attempts = domain.attempts_start(run_ids=run_ids, owner=NOBODY, lease_seconds=3600)
+    held += [(str(attempt.run_id), attempt.generation) for attempt in attempts]
+    assert len(attempts) == len(run_ids), "a run the program made was not claimed"
+    return [str(attempt.run_id) for attempt in attempts]
+
+
+def tidy(made: list[str], held: list) -> None:
+    """End the runs the program made (cancel those queued, end as cancelled the attempts of
+    ``held``), and delete the queue their dispatches went to."""
     from django.conf import settings
 
     from awaken_site.celery import app
@@ -210,6 +249,9 @@ def tidy(made: list[str]) -> None:
 
     for run_id in made:
         domain.run_cancel(run_id=run_id, actor="bench", source="cli")
+    for run_id, generation in held:
+        domain.attempt_finish(run_id=run_id, generation=generation,
+                              ending=domain.Ending.cancelled(), actor=NOBODY)
     wait_until(dispatches.idle, 60, "the runs' dispatches to be sent")
     queue = settings.CELERY_TASK_DEFAULT_QUEUE  # its exchange has its name (Celery's default)
     with app.connection_for_write() as broker:

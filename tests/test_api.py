@@ -7,6 +7,8 @@ import jsonschema
 import pytest
 import yaml
 from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework import serializers
@@ -150,6 +152,37 @@ def test_cancel_of_a_running_run_answers_202_with_the_intent(op_client):
     body = response.json()
     assert body["state"] == "running"
     assert body["control"]["action"] == "cancel" and body["control"]["applied_at"] is None
+
+
+def _resumed():
+    run, ticket = awaiting_run()
+    return run, "resume/", {"ticket": ticket}
+
+
+@pytest.mark.parametrize("asked", [
+    lambda: (queued_run(), "cancel/", {}),
+    lambda: (running_run()[0], "cancel/?wait=0", {}),
+    lambda: (awaiting_run()[0], "stop/", {"reason": "over budget"}),
+    lambda: (domain.run_cancel(run_id=queued_run().id, actor="t", source="cli").run,
+             "cancel/", {}),
+    _resumed,
+])
+def test_a_control_with_nothing_to_wait_for_answers_with_what_it_committed_unread(
+        op_client, asked):
+    """A cancel or stop that ends the run itself, finds it ended, or is not to wait, and a
+    resume, answer with the run as their own transaction left it: the run is not read again
+    after the commit, and the answer is what a read of the run then shows."""
+    run, path, body = asked()
+    with CaptureQueriesContext(connection) as queries:
+        response = op_client.post(f"/api/runs/{run.id}/{path}", body, format="json")
+    assert response.status_code in (200, 202), response.json()
+    reads = [q["sql"] for q in queries.captured_queries
+             if 'FROM "runs_run"' in q["sql"] and "parent_id\" =" not in q["sql"]]
+    assert len(reads) == 1, reads  # the one that locks the run (the other reads its children)
+    answer, read = response.json(), op_client.get(f"/api/runs/{run.id}/").json()
+    if answer["state"] != "ended":  # how long it has run so far, at each answer's time
+        del answer["duration"], read["duration"]
+    assert answer == read
 
 
 def test_stop_answers_with_the_reason(op_client):

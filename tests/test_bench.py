@@ -467,7 +467,12 @@ def test_the_counted_program_makes_its_requests_then_ends_its_runs_and_empties_i
                 program.kill()
                 program.wait()
     made = Run.objects.filter(created_by__username="bench-instructions")
-    assert made.count() == 2 + 3  # the warm-up's creates, then the counted ones
+    # The warm-up's creates (read, and cancelled running), then the counted ones, which the
+    # counted cancels then cancel running.
+    assert made.count() == 2 * 2 + 3
     assert set(made.values_list("end_cause", flat=True)) == {"cancelled"}
+    asked = made.filter(generation=1, control__requested_by="bench-instructions",
+                        control__source="api")
+    assert asked.count() == 2 + 3
     with app.connection_for_write() as broker:  # what its dispatches sent was taken away
         assert broker.default_channel.queue_purge(queue) == 0

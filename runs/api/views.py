@@ -221,9 +221,10 @@ class RunResumeView(ControlView):
         """Wake an awaiting run with its open ticket."""
         run_id = selectors.parse_run_id(run_id)
         data = validated(s.ResumeSerializer, request)
-        domain.run_resume(run_id=run_id, ticket_id=data["ticket"], input=data.get("input"),
-                          actor=actor(request), source=source(request))
-        return Response(run_data(selectors.run_get(run_id)))
+        run = domain.run_resume(run_id=run_id, ticket_id=data["ticket"],
+                                input=data.get("input"), actor=actor(request),
+                                source=source(request))
+        return Response(run_data(run))  # as its transaction committed it
 
 
 class RunPauseView(ControlView):

@@ -4,7 +4,9 @@ The wait is woken by the change stream's push of the run's next committed change
 polling; the push carries the committed run, so waking costs no query, and the request
 holds no database connection while it waits. The view watches the run before its request
 is committed (``watching``): every change committed after it is pushed to the watch, so the
-run as the request committed it is all the wait needs to start from, with no read. When the
+run as the request committed it is all the wait needs to start from, with no read. A cancel
+or stop with nothing to wait for (``wait=0``, or a run it ended itself, as the cancel of a
+queued run does, or found ended) answers with that run, with no read either. When the
 web shuts down its watches are ended (``runs.sockets.shutdown``): a wait then answers at once
 with the run as committed, as one that ran out does (202 while the request is pending).
 """
@@ -30,7 +32,11 @@ def watching(run_id):
         yield watch
 
 
-def wait_for_end(run, wait: float, watch) -> dict:
+def wait_for_end(run: Run, wait: float, watch) -> dict:
+    """The answer to a cancel or stop whose transaction committed ``run``: that run itself
+    when there is nothing to wait for. (A pause commits nothing: its wait reads the run.)"""
+    if wait <= 0 or watch.ended or run.state == RunState.ENDED:  # ended: see wait_until
+        return run_data(run)
     return wait_until(run, wait, lambda state: state == RunState.ENDED, watch)
 
 

@@ -324,7 +324,7 @@ class Command(BaseCommand):
             "'spread', 10,000 live attempts on 4 worker processes: cancels among them, their "
             "memory and what a lease interval costs the database; 'flood', a viewer's read "
             "flood against the database pool while an operator cancels; 'instructions', "
-            "what a create and a read cost the web, counted by valgrind's callgrind.")
+            "what a create, a read and a cancel cost the web, counted by valgrind's callgrind.")
 
     def add_arguments(self, parser):
         parser.add_argument("what", nargs="?", default="all",
