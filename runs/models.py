@@ -366,17 +366,18 @@ class Attempt(models.Model):
                 name="runs_attempt_closed_iff_reason",
             ),
         ]
+        # No index holds the lease (``lease_expires_at``, ``renewed_at``): a renewal, every
+        # live attempt's update each interval, then changes no indexed column, and
+        # PostgreSQL makes it in place on the row's page (a heap-only update) instead of
+        # adding a new entry to every index of the table and leaving a dead row behind.
+        # The sweeper's query of expired leases reads the live attempts instead, through
+        # the partial index of one live attempt a run: one pass a sweep interval, against
+        # a renewal of every live attempt in about the same time.
         indexes = [
-            # The lease sweeper scans live attempts by expiry.
-            models.Index(
-                fields=["lease_expires_at"],
-                condition=Q(state=AttemptState.LIVE),
-                name="runs_attempt_live_lease",
-            ),
             # Each worker renews its own live attempts, a chunk of run ids at a time: each
             # chunk is read by owner and run, not from every worker's attempts nor from all
             # of its own, however many workers and ended runs there are. "owner is not
-            # null" keeps the sweeper's query (which names no owner) on the index above.
+            # null" keeps the sweeper's query (which names no owner) off it.
             models.Index(
                 fields=["owner", "run"],
                 condition=Q(state=AttemptState.LIVE, owner__isnull=False),

@@ -213,6 +213,28 @@ def test_a_renewal_records_when_it_renewed():
     assert Attempt.objects.get(run=run).renewed_at >= first
 
 
+@pytest.mark.postgres
+def test_a_renewal_changes_no_indexed_column_so_each_lease_is_updated_in_place():
+    """A renewal is every live attempt's update each interval. It writes no indexed column,
+    so PostgreSQL makes each a heap-only update, on the row's own page (which has room in a
+    new table): no new entry in any index of the attempts, no dead row for a vacuum."""
+    held = [running_run() for _ in range(3)]
+
+    def updated():  # this transaction's updates of attempts so far: all, heap-only
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_get_xact_tuples_updated(%s::regclass), "
+                           "pg_stat_get_xact_tuples_hot_updated(%s::regclass)",
+                           [Attempt._meta.db_table] * 2)
+            return cursor.fetchone()
+
+    before = updated()
+    renewal = domain.attempt_renew(owner=OWNER, lease_seconds=30, attempts=[
+        (run.id, generation) for run, generation in held])
+    assert renewal.renewed == {(str(run.id), generation) for run, generation in held}
+    after = updated()
+    assert (after[0] - before[0], after[1] - before[1]) == (3, 3)
+
+
 def test_a_renewed_lease_is_not_expired_by_a_sweep():
     run, generation = running_run()
     expire(run)
