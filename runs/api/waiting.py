@@ -33,26 +33,27 @@ def watching(run_id):
 
 
 def wait_for_end(run: Run, wait: float, watch) -> dict:
-    """The answer to a cancel or stop whose transaction committed ``run``: that run itself
-    when there is nothing to wait for. (A pause commits nothing: its wait reads the run.)"""
-    if wait <= 0 or watch.ended or run.state == RunState.ENDED:  # ended: see wait_until
-        return run_data(run)
-    return wait_until(run, wait, lambda state: state == RunState.ENDED, watch)
+    """The answer to a cancel or stop, whose transaction committed ``run``."""
+    return wait_until(run, wait, lambda state: state == RunState.ENDED, watch, own=True)
 
 
 def wait_until_not_running(run, wait: float, watch) -> dict:
-    return wait_until(run, wait, lambda state: state != RunState.RUNNING, watch)
+    """The answer to a pause, which commits nothing: ``run`` was read before its live
+    command, and the attempt may have paused or ended since."""
+    return wait_until(run, wait, lambda state: state != RunState.RUNNING, watch, own=False)
 
 
-def wait_until(run: Run, wait: float, done, watch) -> dict:
+def wait_until(run: Run, wait: float, done, watch, *, own: bool) -> dict:
     """The run (as the API shows it) once ``done(state)`` holds, or as committed at the end.
 
-    ``run`` is the run as the caller's transaction committed it, and ``watch`` began before
-    that transaction: a later change is pushed to it. The run is read only when the wait
-    ends without a push that is done, or when the stream was not subscribed yet."""
+    ``run`` is the run as committed when ``watch`` began or later: a later change is pushed
+    to the watch. With nothing to wait for (no time, ``done`` already, or the process
+    shutting down), the answer is ``run`` itself if the caller's own transaction committed
+    it (``own``), else the run read. Otherwise the run is read only when the wait ends
+    without a push that is done, or when the stream was not subscribed yet."""
     deadline = time.monotonic() + wait
     if wait <= 0 or watch.ended or done(run.state):  # ended: the process shuts down
-        return committed(run.pk)
+        return run_data(run) if own else committed(run.pk)
     version = run.version
     if not watch.live:  # not subscribed when the request began: a change may be unpushed
         if not stream.listening(SUBSCRIBE_SECONDS):
