@@ -470,14 +470,18 @@ def test_a_socket_is_closed_once_its_pass_no_longer_holds(viewer, settings, how,
 
 
 def test_a_flood_of_resumes_costs_one_replay(viewer):
-    for _ in range(3):
-        queued_run()
-    first, *_ = Event.objects.order_by("seq").values_list("seq", flat=True)
     headers = [token_header(viewer)]
 
     async def body():
         communicator, _, _ = await connect("/ws/runs/", headers)
         await communicator.receive_json_from(timeout=5)  # the snapshot
+        # The runs are made once the socket follows the stream, and their changes are taken
+        # as they are pushed: none of them is still on its way when the resumes begin, to
+        # be taken for a replay.
+        await database_sync_to_async(lambda: [queued_run() for _ in range(3)])()
+        live = [await communicator.receive_json_from(timeout=5) for _ in range(3)]
+        first = live[0]["seq"]
+        assert [m["seq"] for m in live] == [first, first + 1, first + 2]
         for _ in range(100):  # a flood: each would replay the events again
             await communicator.send_json_to({"type": "resume", "after": first})
         flood = [await communicator.receive_json_from(timeout=5)]
