@@ -14,7 +14,6 @@ import warnings
 from pathlib import Path
 
 import dj_database_url
-from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -103,7 +102,7 @@ MIDDLEWARE = [
     # A request is a span when traces are on (OTEL_* settings, runs/telemetry.py).
     "runs.telemetry.Middleware",
     "django.middleware.security.SecurityMiddleware",
-    "csp.middleware.CSPMiddleware",
+    "awaken_site.csp.ContentSecurityPolicy",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -299,19 +298,18 @@ if envbool("BEHIND_TLS_PROXY", "0"):
 
 # The browser pages run no inline script and load nothing from other origins. Styles come
 # from files too (style attributes set from JavaScript are allowed; inline ones are not).
-CONTENT_SECURITY_POLICY = {
-    "DIRECTIVES": {
-        "default-src": [SELF],
-        "script-src": [SELF],
-        "style-src": [SELF],
-        "img-src": [SELF, "data:"],
-        "font-src": [SELF],
-        "connect-src": [SELF],
-        "object-src": [NONE],
-        "base-uri": [NONE],
-        "form-action": [SELF],
-        "frame-ancestors": [NONE],
-    },
+# Every answer carries this policy (awaken_site.csp).
+SECURE_CSP = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'"],
+    "img-src": ["'self'", "data:"],
+    "font-src": ["'self'"],
+    "connect-src": ["'self'"],
+    "object-src": ["'none'"],
+    "base-uri": ["'none'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
 }
 
 # --- Throttling of logins and API keys --------------------------------------------------

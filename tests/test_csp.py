@@ -1,12 +1,14 @@
-"""The Content-Security-Policy of the browser pages: sent everywhere, and the templates give it
-nothing to refuse (tests/test_browser.py loads every page in a real browser)."""
+"""The Content-Security-Policy of the browser pages: sent everywhere, the API's answers and
+refusals included, and the templates give it nothing to refuse (tests/test_browser.py loads
+every page in a real browser)."""
 
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import browser_for, make_user
+from awaken_site.csp import policy_header
+from tests.conftest import browser_for, client_for, make_user
 from tests.factories import queued_run
 
 pytestmark = pytest.mark.django_db
@@ -35,6 +37,23 @@ def test_every_page_sends_a_policy_without_inline_script(staff, path):
     assert policy["script-src"] == ["'self'"] and policy["style-src"] == ["'self'"]
     assert policy["object-src"] == ["'none'"] and policy["frame-ancestors"] == ["'none'"]
     assert "'unsafe-inline'" not in response["Content-Security-Policy"]
+
+
+def test_the_apis_answers_and_refusals_carry_the_same_policy(staff):
+    page = staff.get("/")["Content-Security-Policy"]
+    run = queued_run()
+    operator = client_for(make_user("grace", "operator"))
+    answers = [operator.get(f"/api/runs/{run.id}/"), operator.post("/api/runs/", {},
+                                                                   format="json"),
+               client_for(None).get("/api/runs/"), operator.get("/api/runs/nope/")]
+    assert [a.status_code for a in answers] == [200, 400, 401, 404]
+    assert [a["Content-Security-Policy"] for a in answers] == [page] * 4
+
+
+def test_the_header_names_each_directive_once_in_the_order_given():
+    assert policy_header({"default-src": ["'self'"], "img-src": ["'self'", "data:"],
+                          "object-src": ["'none'"]}) == (
+        "default-src 'self'; img-src 'self' data:; object-src 'none'")
 
 
 def test_the_api_docs_load_their_start_up_script_from_a_url(staff):
