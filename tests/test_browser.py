@@ -178,13 +178,16 @@ def test_a_runs_page_shows_each_steps_committed_answer(operator_page, embedded_s
 
 
 def test_a_viewer_sees_no_controls(browser, embedded_site):
+    # A running run, which shows an operator pause, cancel and stop.
+    _, run = embedded_site.call("POST", "/api/runs/", {"agent": "demo.hang"})
     embedded_site.add_user("vera", "vera-password-1", "viewer")
     page = logged_in(browser, embedded_site, "vera", "vera-password-1")
-    page.wait_for_selector("tr.run")
+    page.wait_for_selector(f'tr.run[data-run-id="{run["id"]}"][data-state="running"]')
     # No control: "Load more" (a long session's list) reads, and is not one.
     assert page.query_selector_all('[data-action]:not([data-action="more"])') == []
     assert page.query_selector("#new-run") is None
     page.close()
+    embedded_site.call("POST", f"/api/runs/{run['id']}/cancel/")
 
 
 def test_an_unauthenticated_socket_is_refused(browser, embedded_site):
