@@ -379,3 +379,19 @@ def click_to(page, selector: str, arrived: str, tries: int = 3) -> None:
                 # Last try, or the click landed and what it opens is still on its way.
                 page.wait_for_selector(arrived, timeout=15000)
                 return
+
+
+def click_to_confirm(page, selector: str, tries: int = 3) -> None:
+    """Click ``selector``, a control that asks a native confirm before anything else, until
+    the confirm is asked (the page's dialog handler answers it, ``answer_dialogs``). As in
+    ``click_to``, a click lost to a row redrawn under it is made again; a click that landed
+    asks at once, in its own handler, so it is never repeated."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    for attempt in range(tries):
+        try:
+            with page.expect_event("dialog", timeout=10_000):
+                page.click(selector)
+            return
+        except PlaywrightTimeout:
+            if attempt == tries - 1:
+                raise

@@ -8,7 +8,7 @@ import pytest
 
 from runs.providers.stub import DEFAULT_CANNED
 from tests.accessibility import serious_violations
-from tests.conftest import BROWSER_DEADLINE_MS, CHROMIUM
+from tests.conftest import BROWSER_DEADLINE_MS, CHROMIUM, click_to_confirm
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason="needs Debian's chromium (apt-get install chromium)")
@@ -71,7 +71,7 @@ def test_cancel_shows_cancelled_without_a_reload(operator_page):
     row = start_from_form(operator_page, "demo.hang", "{}")
     operator_page.wait_for_selector(f'{row}[data-state="running"]')
     operator_page.evaluate("window.__same_page = true")
-    operator_page.click(f'{row} [data-action="cancel"]')
+    click_to_confirm(operator_page, f'{row} [data-action="cancel"]')
     operator_page.wait_for_selector(f'{row}[data-end-cause="cancelled"]')
     assert operator_page.evaluate("window.__same_page") is True  # no reload happened
     assert not operator_page.is_visible(f'{row} [data-action="cancel"]')
@@ -127,7 +127,7 @@ def test_a_runs_page_shows_its_timeline_live(operator_page, embedded_site):
     run_id = operator_page.get_attribute(row, "data-run-id")
     operator_page.goto(f"{embedded_site.base}/runs/{run_id}/")
     operator_page.wait_for_selector('.tree li .badge[data-state="running"]')
-    operator_page.click(f'tr.run[data-run-id="{run_id}"] [data-action="cancel"]')
+    click_to_confirm(operator_page, f'tr.run[data-run-id="{run_id}"] [data-action="cancel"]')
     operator_page.wait_for_selector('.timeline li[data-kind="ended"]')
     operator_page.wait_for_function(
         "() => [...document.querySelectorAll('.tree li .badge')]"
@@ -160,7 +160,7 @@ def test_a_runs_page_streams_the_answer_and_drops_it_on_cancel(operator_page, em
         "n => document.querySelector('#live-output pre').textContent.length > n + 40",
         arg=len(shown))
     assert operator_page.text_content("#live-output pre").removeprefix("… ") in streamed
-    operator_page.click(f'tr.run[data-run-id="{run["id"]}"] [data-action="cancel"]')
+    click_to_confirm(operator_page, f'tr.run[data-run-id="{run["id"]}"] [data-action="cancel"]')
     operator_page.wait_for_selector('.timeline li[data-kind="ended"]')
     operator_page.wait_for_selector("#live-output", state="hidden")
     assert operator_page.text_content("#live-output pre") == ""

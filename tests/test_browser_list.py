@@ -15,7 +15,7 @@ import pytest
 
 from harness.processes import ROOT
 from tests.accessibility import serious_violations
-from tests.conftest import BROWSER_DEADLINE_MS, CHROMIUM, box_of, click_to
+from tests.conftest import BROWSER_DEADLINE_MS, CHROMIUM, box_of, click_to, click_to_confirm
 from tests.test_browser import answer_dialogs
 
 DESKTOP = {"width": 1280, "height": 800}
@@ -238,7 +238,7 @@ def test_the_phone_layout_fits_and_its_buttons_are_big(browser, embedded_site, w
             assert box["height"] >= 44 and box["x"] >= 0 and box["x"] + box["width"] <= width
         page.check(f"{row} [data-select]")  # nothing covers the checkbox of a card
         assert page.is_visible("#bulk-bar")
-        page.click(f'{row} [data-action="cancel"]')
+        click_to_confirm(page, f'{row} [data-action="cancel"]')
         page.wait_for_selector(f'{row_of(run)}[data-end-cause="cancelled"]')
         assert tab.errors == []
     finally:

@@ -10,7 +10,7 @@ import pytest
 from harness.processes import EmbeddedSite, wait_until
 from harness.watching import Watcher
 from tests.accessibility import serious_violations
-from tests.conftest import CHROMIUM, box_of, click_to
+from tests.conftest import CHROMIUM, box_of, click_to, click_to_confirm
 from tests.test_browser import logged_in
 
 pytestmark = [pytest.mark.sites_stream,
@@ -129,11 +129,11 @@ def test_reject_answers_an_approval_no(page, embedded_site):
     _, row = open_run(page, embedded_site, "demo.approval", {"steps_before": 1})
     page.wait_for_selector(f'{row}[data-state="awaiting"]')
     page.accepting = False  # a dismissed confirm rejects nothing
-    page.click('[data-run-action="reject"]')
+    click_to_confirm(page, '[data-run-action="reject"]')
     assert page.dialogs[-1].startswith("Reject the request of run")
     assert page.get_attribute(row, "data-state") == "awaiting"
     page.accepting = True
-    page.click('[data-run-action="reject"]')
+    click_to_confirm(page, '[data-run-action="reject"]')
     page.wait_for_selector(f'{row}[data-end-cause="failed"]')
     assert "not approved" in page.text_content(".failure .error-text")
 
@@ -168,14 +168,14 @@ def test_cancel_is_sent_at_once_after_a_confirm_and_a_dismissed_one_sends_nothin
     sent = []
     page.on("request", lambda r: sent.append(r.url) if "/cancel/" in r.url else None)
     page.accepting = False
-    page.click(f'{row} [data-action="cancel"]')
+    click_to_confirm(page, f'{row} [data-action="cancel"]')
     assert "cannot be undone" in page.dialogs[-1]
     status, run = embedded_site.call("GET", f"/api/runs/{run_id}/")
     assert (sent, run["state"], run["control"]) == ([], "running", None)
     page.accepting = True
     # The confirm's click itself sends the cancel: no undo window, no delay on the page.
     with page.expect_request(lambda request: "/cancel/" in request.url):
-        page.click(f'{row} [data-action="cancel"]')
+        click_to_confirm(page, f'{row} [data-action="cancel"]')
     page.wait_for_selector(f'{row}[data-end-cause="cancelled"]')  # demo.hang never ends alone
     assert len(sent) == 1 and not page.is_visible(".toast.notice")  # no undo, no delay
     assert embedded_site.call("GET", f"/api/runs/{run_id}/")[1]["end_cause"] == "cancelled"
@@ -469,7 +469,7 @@ def test_a_pause_waiting_on_a_hung_step_shows_from_server_state_until_cancel_end
     assert page.is_disabled(f'{row} [data-action="pause"]')
     assert page.eval_on_selector_all(f"{row} button[data-action]",
                                      "bs => bs.map(b => b.textContent)") == labels
-    page.click(f'{row} [data-action="cancel"]')
+    click_to_confirm(page, f'{row} [data-action="cancel"]')
     # demo.hang's step never ends by itself: the cancel ended it, not the step's end.
     page.wait_for_selector(f'{row}[data-end-cause="cancelled"][data-pending=""]')
 
@@ -628,7 +628,7 @@ def test_the_trace_draws_alike_steps_as_one_row_and_a_chat_cancelled_mid_stream(
     page.wait_for_function(
         "() => document.querySelectorAll('.activity-log li[data-kind=step]').length >= 4")
     page.wait_for_selector('#live-output:not([hidden]) [data-field="live-output"]:text("stub")')
-    page.click(f'{row} [data-action="cancel"]')
+    click_to_confirm(page, f'{row} [data-action="cancel"]')
     page.wait_for_selector(f'{row}[data-end-cause="cancelled"]')
     cut = '#trace .trace-row[data-kind="model"][data-outcome="cancelled"]'
     page.wait_for_selector(cut)
